@@ -1,0 +1,35 @@
+"""ylock: a distributed reentrant read-write lock with fair queuing, self-renewing leases,
+fencing tokens and metrics, over Redis, ZooKeeper or in-process.
+
+    import ylock
+    engine = ylock.engine_from_url("redis://127.0.0.1:6379/0")
+    lock = ylock.Lock(engine, group="orders", name="global", fair=True, lease=30.0)
+    with lock.write(timeout=5):
+        ...
+"""
+from ylock import events
+from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, LockInfo, RenewItem
+from ylock.errors import (
+    ConfigurationError,
+    EngineUnavailable,
+    LockError,
+    LockLost,
+    LockNotOwned,
+    LockTimeout,
+    LockUpgradeError,
+)
+from ylock.lock import Guard, Lock, Locks
+from ylock.owner import current_owner, owner_scope
+from ylock.urls import engine_from_path, engine_from_url
+from ylock.waiting import Polling
+from ylock.watchdog import WATCHDOG
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Lock", "Locks", "Guard", "Engine", "LockInfo", "AcquireRequest", "RenewItem", "Polling",
+    "READ", "WRITE", "engine_from_url", "engine_from_path", "current_owner", "owner_scope",
+    "events", "WATCHDOG",
+    "LockError", "LockTimeout", "LockNotOwned", "LockLost", "LockUpgradeError",
+    "EngineUnavailable", "ConfigurationError",
+]

@@ -1,0 +1,171 @@
+"""The engine protocol: what the facade asks of Redis, ZooKeeper or the local engine.
+
+The facade (:mod:`ylock.lock`) owns everything that needs no server: reentrancy counts,
+the downgrade/upgrade rules, the hold table, events. An engine sees only *first*
+acquisitions and *final* releases of one owner in one mode, so each call below is a
+real transfer of ownership.
+
+Vocabulary:
+
+owner
+    A globally unique id of the thread (or owner scope) that holds or waits, e.g.
+    ``"web-1:4242:9f3c2a1b:7"``. Engines store it as is.
+mode
+    ``"write"`` (exclusive) or ``"read"`` (shared). An owner holding ``write`` may also
+    acquire ``read`` at once (downgrade); the facade never asks an engine to upgrade.
+token
+    The fencing token: an int that strictly increases for a lock name across all first
+    acquisitions, holders and processes.
+lease
+    Seconds an acquired hold stays valid without renewal. Engines with
+    ``needs_renewal`` are renewed by the process watchdog every ``lease / 3``.
+"""
+from __future__ import annotations
+
+import abc
+import os
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ylock.waiting import Polling
+
+WRITE = "write"
+READ = "read"
+MODES = (WRITE, READ)
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """What one lock looks like on the server right now (``engine.describe()``)."""
+
+    group: str
+    name: str
+    mode: str | None            # "write", "read", or None when nobody holds it
+    owners: tuple[str, ...]     # exclusive owner, or the shared owners
+    waiters: tuple[str, ...]    # queued waiters in order, as "mode:owner"
+    ttl: float | None           # seconds until the holder's lease runs out (None: session-bound)
+    token: int | None           # fencing token of the current (latest) hold
+
+    def as_dict(self) -> dict[str, object]:
+        """Return a JSON-ready dict of the fields."""
+        return {
+            "group": self.group, "name": self.name, "mode": self.mode,
+            "owners": list(self.owners), "waiters": list(self.waiters),
+            "ttl": None if self.ttl is None else round(self.ttl, 3), "token": self.token,
+        }
+
+
+@dataclass(frozen=True)
+class AcquireRequest:
+    """One first acquisition, as the facade asks it of an engine."""
+
+    group: str
+    name: str
+    owner: str
+    mode: str
+    fair: bool
+    lease: float
+    deadline: float | None      # time.monotonic() deadline; None waits forever; <= now tries once
+    polling: Polling
+
+
+@dataclass(frozen=True)
+class RenewItem:
+    """One engine-level hold for the watchdog to renew."""
+
+    group: str
+    name: str
+    owner: str
+    mode: str
+    lease: float
+
+
+class Engine(abc.ABC):
+    """Base class of every engine; subclasses document their URL grammar and guarantees.
+
+    Engines are cheap to build and connect on first use, so a worker forked from a
+    parent that built one never shares the parent's sockets (:meth:`_after_fork`).
+    """
+
+    #: URL scheme(s) and the short name used in events, metrics and ``ylock list``.
+    scheme: ClassVar[str] = ""
+    #: True if holds expire unless the watchdog renews them (Redis, local); False if the
+    #: server keeps them alive by other means (ZooKeeper sessions).
+    needs_renewal: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        _live_engines.add(self)
+
+    # -- ownership ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    def acquire(self, request: AcquireRequest) -> int | None:
+        """Acquire ``request.mode`` for ``request.owner``; return its fencing token, or None
+        if ``request.deadline`` passed first (having left the wait queue).
+
+        Block while waiting (queued FIFO when ``request.fair``); never past the deadline
+        by more than one server round trip. Raise :class:`ylock.EngineUnavailable` when
+        the server cannot be reached.
+        """
+
+    @abc.abstractmethod
+    def release(self, group: str, name: str, owner: str, mode: str) -> bool:
+        """Release ``owner``'s hold in ``mode``; return False if the server no longer had it
+        (the lease ran out or someone force-released it)."""
+
+    @abc.abstractmethod
+    def renew(self, items: Sequence[RenewItem]) -> list[bool | None]:
+        """Extend every hold in ``items`` by its lease, in as few round trips as possible.
+
+        Return, for each item, True (renewed), False (not held by that owner any more:
+        lost) or None (could not tell: the server did not answer).
+        """
+
+    # -- inspection ----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def describe(self, group: str | None = None) -> Iterable[LockInfo]:
+        """Yield a :class:`LockInfo` for every lock held or waited for (in ``group``)."""
+
+    @abc.abstractmethod
+    def force_release(self, group: str, name: str) -> bool:
+        """Drop every holder and waiter of a lock; return True if there was anything."""
+
+    def ping(self) -> None:
+        """Raise :class:`ylock.EngineUnavailable` unless the server answers."""
+
+    def close(self) -> None:
+        """Close connections; the engine reconnects if used again."""
+
+    def _after_fork(self) -> None:
+        """Forget connections inherited from the parent process (called in the child)."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url_for_display()}>"
+
+    def url_for_display(self) -> str:
+        """Return the engine's URL without credentials."""
+        return self.scheme + "://"
+
+
+_live_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+def _reset_engines_after_fork() -> None:
+    for engine in list(_live_engines):
+        engine._after_fork()
+
+
+os.register_at_fork(after_in_child=_reset_engines_after_fork)
+
+
+def validate_common(lease: float, fair: bool) -> None:
+    """Raise ValueError if a lease or fair flag makes no sense."""
+    if not isinstance(lease, (int, float)) or isinstance(lease, bool) or not lease > 0:
+        raise ValueError(f"lease must be a positive number of seconds, got {lease!r}")
+    if not isinstance(fair, bool):
+        raise ValueError(f"fair must be True or False, got {fair!r}")
+
+

@@ -1,0 +1,233 @@
+"""LocalEngine: the lock semantics of every engine, inside one process.
+
+URL: ``local://`` (each call to :func:`ylock.engine_from_url` builds a separate lock
+space; share one engine object between the threads that must exclude each other).
+
+Guarantees: exclusion between the threads of this process only. Leases are enforced
+(a hold that is not renewed expires) so that lost-lock handling can be exercised without
+a server. Fencing tokens come from one process-wide counter, so they strictly increase
+for every lock name. Meant for unit tests and single-process development.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, LockInfo, RenewItem
+
+
+@dataclass
+class _Waiter:
+    owner: str
+    mode: str
+    since: float
+
+
+@dataclass
+class _State:
+    writer: str | None = None
+    writer_deadline: float = 0.0
+    readers: dict[str, float] = field(default_factory=dict)   # owner -> lease deadline
+    tokens: dict[str, int] = field(default_factory=dict)      # owner -> token of its hold
+    queue: deque[_Waiter] = field(default_factory=deque)
+    last_token: int | None = None
+
+    def expire(self, now: float) -> None:
+        if self.writer is not None and self.writer_deadline <= now:
+            if self.writer not in self.readers:
+                self.tokens.pop(self.writer, None)
+            self.writer = None
+        for owner, deadline in list(self.readers.items()):
+            if deadline <= now:
+                del self.readers[owner]
+                if owner != self.writer:
+                    self.tokens.pop(owner, None)
+
+    def empty(self) -> bool:
+        return self.writer is None and not self.readers and not self.queue
+
+    def next_expiry(self) -> float | None:
+        deadlines = list(self.readers.values())
+        if self.writer is not None:
+            deadlines.append(self.writer_deadline)
+        return min(deadlines) if deadlines else None
+
+
+# How long a queued head waiter may be barged past in non-fair mode before the lock
+# turns fair for it: non-fair must not starve a queued writer forever.
+BARGE_WINDOW = 0.1
+
+
+def may_enter(writer: str | None, readers: Iterable[str], queue: Sequence[tuple[str, str, float]],
+              owner: str, mode: str, fair: bool, now: float) -> bool:
+    """Return True if ``owner`` may take ``mode`` now. The one admission rule that every
+    engine implements (the Redis scripts mirror it in Lua).
+
+    ``queue`` holds (owner, mode, since) in FIFO order. Fair: a writer enters a free lock
+    only at the head of the queue; a reader enters a lock without a writer if every
+    waiter ahead of it is a reader (the head reader admits the run of readers behind
+    it). Non-fair: anyone enters a compatible lock, unless the head of the queue has
+    waited past the barge window, or (for a reader) the head is a writer.
+    """
+    readers = list(readers)
+    if mode == WRITE:
+        compatible = writer is None and not readers
+    else:
+        compatible = writer is None or writer == owner
+    if not compatible:
+        return False
+    position = next((i for i, w in enumerate(queue) if w[0] == owner), None)
+    ahead = queue if position is None else queue[:position]
+    if not ahead:
+        return True
+    if fair:
+        return mode == READ and all(w[1] == READ for w in ahead)
+    head = ahead[0]
+    if now - head[2] >= BARGE_WINDOW:
+        return mode == READ and all(w[1] == READ for w in ahead)
+    return mode == WRITE or head[1] == READ
+
+
+class LocalEngine(Engine):
+    """In-process engine (see module docstring)."""
+
+    scheme = "local"
+    _tokens = itertools.count(1)  # one counter for the whole process
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cond = threading.Condition(threading.Lock())
+        self._states: dict[tuple[str, str], _State] = {}
+
+    def url_for_display(self) -> str:
+        return "local://"
+
+    def _state(self, group: str, name: str) -> _State:
+        state = self._states.get((group, name))
+        if state is None:
+            state = self._states[(group, name)] = _State()
+        return state
+
+    def _tidy(self, group: str, name: str, state: _State) -> None:
+        if state.empty():
+            self._states.pop((group, name), None)
+
+    def acquire(self, request: AcquireRequest) -> int | None:
+        r = request
+        with self._cond:
+            state = self._state(r.group, r.name)
+            waiter: _Waiter | None = None
+            try:
+                while True:
+                    now = time.monotonic()
+                    state.expire(now)
+                    queue = [(w.owner, w.mode, w.since) for w in state.queue]
+                    if may_enter(state.writer, state.readers, queue, r.owner, r.mode, r.fair, now):
+                        token = self._grant(state, r, now)
+                        self._cond.notify_all()  # the readers queued behind may follow
+                        return token
+                    if r.deadline is not None and now >= r.deadline:
+                        return None
+                    if waiter is None:
+                        waiter = _Waiter(r.owner, r.mode, now)
+                        state.queue.append(waiter)
+                    wake = [t for t in (r.deadline, state.next_expiry()) if t is not None]
+                    self._cond.wait(max(0.0, min(wake) - now) if wake else None)
+                    state = self._state(r.group, r.name)  # force_release may have replaced it
+            finally:
+                if waiter is not None:
+                    try:
+                        state.queue.remove(waiter)
+                    except ValueError:
+                        pass
+                    self._cond.notify_all()
+                self._tidy(r.group, r.name, state)
+
+    def _grant(self, state: _State, r: AcquireRequest, now: float) -> int:
+        if r.mode == WRITE:
+            state.writer = r.owner
+            state.writer_deadline = now + r.lease
+        else:
+            state.readers[r.owner] = now + r.lease
+        if r.owner in state.tokens:  # downgrade: the write hold's token carries over
+            return state.tokens[r.owner]
+        token = next(self._tokens)
+        state.tokens[r.owner] = state.last_token = token
+        return token
+
+    def release(self, group: str, name: str, owner: str, mode: str) -> bool:
+        with self._cond:
+            state = self._states.get((group, name))
+            if state is None:
+                return False
+            state.expire(time.monotonic())
+            held = False
+            if mode == WRITE and state.writer == owner:
+                state.writer = None
+                held = True
+            elif mode == READ and owner in state.readers:
+                del state.readers[owner]
+                held = True
+            if state.writer != owner and owner not in state.readers:
+                state.tokens.pop(owner, None)
+            self._tidy(group, name, state)
+            self._cond.notify_all()
+            return held
+
+    def renew(self, items: Sequence[RenewItem]) -> list[bool | None]:
+        results: list[bool | None] = []
+        with self._cond:
+            now = time.monotonic()
+            for item in items:
+                state = self._states.get((item.group, item.name))
+                if state is not None:
+                    state.expire(now)
+                if state is None:
+                    results.append(False)
+                elif item.mode == WRITE and state.writer == item.owner:
+                    state.writer_deadline = now + item.lease
+                    results.append(True)
+                elif item.mode == READ and item.owner in state.readers:
+                    state.readers[item.owner] = now + item.lease
+                    results.append(True)
+                else:
+                    results.append(False)
+        return results
+
+    def describe(self, group: str | None = None) -> list[LockInfo]:
+        infos = []
+        with self._cond:
+            now = time.monotonic()
+            for (g, n), state in sorted(self._states.items()):
+                if group is not None and g != group:
+                    continue
+                state.expire(now)
+                if state.empty():
+                    continue
+                if state.writer is not None:
+                    mode, owners, until = WRITE, (state.writer,), state.writer_deadline
+                elif state.readers:
+                    mode, owners, until = READ, tuple(sorted(state.readers)), max(state.readers.values())
+                else:
+                    mode, owners, until = None, (), None
+                infos.append(LockInfo(g, n, mode, owners, tuple(f"{w.mode}:{w.owner}" for w in state.queue),
+                                      None if until is None else max(0.0, until - now),
+                                      state.last_token if owners else None))
+        return infos
+
+    def force_release(self, group: str, name: str) -> bool:
+        with self._cond:
+            state = self._states.get((group, name))
+            if state is None:
+                return False
+            had = state.writer is not None or bool(state.readers)
+            state.writer = None
+            state.readers.clear()
+            state.tokens.clear()
+            self._tidy(group, name, state)
+            self._cond.notify_all()
+            return had

@@ -1,0 +1,42 @@
+"""The one exception tree of ylock.
+
+Every error that leaves the public API is a :class:`LockError`. Driver exceptions
+(``redis.exceptions.*``, ``kazoo.exceptions.*``) are translated at exactly one place per
+engine and kept as ``__cause__``.
+"""
+from __future__ import annotations
+
+
+class LockError(Exception):
+    """Root of every ylock error. ``group`` and ``name`` say which lock, when known."""
+
+    def __init__(self, message: str, *, group: str | None = None, name: str | None = None) -> None:
+        self.group = group
+        self.name = name
+        if group is not None and name is not None:
+            message = f"{message} (lock {group}/{name})"
+        super().__init__(message)
+
+
+class LockTimeout(LockError, TimeoutError):
+    """The lock could not be acquired within the timeout."""
+
+
+class LockNotOwned(LockError):
+    """Released by a thread (or owner scope) that does not hold it in that mode."""
+
+
+class LockLost(LockError):
+    """The lease of this hold could not be renewed: another owner may have had the lock."""
+
+
+class LockUpgradeError(LockError):
+    """A read holder asked for the write lock; that would deadlock, so it is refused."""
+
+
+class EngineUnavailable(LockError, ConnectionError):
+    """The engine's server could not be reached or did not answer in time."""
+
+
+class ConfigurationError(LockError, ValueError):
+    """A URL, setting or option is invalid."""

@@ -1,0 +1,410 @@
+"""The facade: :class:`Lock` (one named lock) and :class:`Locks` (a family of fine-grained
+locks in one group), with Go ``RWMutex``-like verbs.
+
+Reentrancy lives here, not on the server: a thread that already holds a lock in a mode
+counts the re-entry locally and makes no network call. Only the first acquisition and
+the final release of a mode reach the engine. Timeline of one thread::
+
+    lock.lock()     -> engine.acquire(write)      token 17, watchdog starts renewing
+    lock.lock()     -> writes=2, no round trip
+    lock.rlock()    -> engine.acquire(read)       downgrade: granted at once
+    lock.unlock()   -> writes=1
+    lock.unlock()   -> engine.release(write)      still a reader; token stays 17
+    lock.runlock()  -> engine.release(read)       hold span ends, event "released"
+
+A reader that asks for the write lock gets :class:`LockUpgradeError` at once: two readers
+doing that would wait for each other forever.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ylock import events
+from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, validate_common
+from ylock.errors import LockLost, LockNotOwned, LockTimeout, LockUpgradeError
+from ylock.keys import check_group, check_name
+from ylock.owner import current_owner, new_owner, owner_scope
+from ylock.waiting import DEFAULT_POLLING, Polling
+from ylock.watchdog import WATCHDOG
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Sentinel: "use the lock's default timeout".
+DEFAULT: Any = object()
+
+# Every live hold of this process, keyed by (engine, group, name, owner). Only the owner
+# creates, counts and deletes its entry; the watchdog only flips ``lost``. Dict reads and
+# single writes are atomic in CPython, so the re-entry path takes no lock.
+_holds: dict[tuple[Engine, str, str, str], "Hold"] = {}
+
+
+class Hold:
+    """One owner's hold of one lock: reentry counts per mode, token and lost flag."""
+
+    __slots__ = ("engine", "group", "name", "owner", "lease", "writes", "reads", "token",
+                 "started", "lost", "lost_reason", "_lost_published")
+
+    def __init__(self, engine: Engine, group: str, name: str, owner: str, lease: float, token: int) -> None:
+        self.engine = engine
+        self.group = group
+        self.name = name
+        self.owner = owner
+        self.lease = lease
+        self.writes = 0
+        self.reads = 0
+        self.token = token
+        self.started = time.monotonic()
+        self.lost = False
+        self.lost_reason = ""
+        self._lost_published = False
+
+    def mark_lost(self, reason: str) -> None:
+        """Flag the hold lost and publish one ``lost`` event."""
+        self.lost = True
+        self.lost_reason = self.lost_reason or reason
+        if not self._lost_published:
+            self._lost_published = True
+            mode = WRITE if self.writes else READ
+            events.publish(events.LOST, self.group, self.name, self.engine.scheme, mode,
+                           owner=self.owner, token=self.token, detail=reason)
+
+
+def _check_timeout(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout:
+        raise ValueError(f"timeout must be None or a number of seconds, got {timeout!r}")
+    if timeout < 0:
+        raise ValueError(f"timeout must not be negative, got {timeout!r}")
+    return float(timeout)
+
+
+class Lock:
+    """A named distributed reentrant read-write lock.
+
+    ``fair`` queues waiters FIFO (a reader never barges past a queued writer);
+    ``lease`` is how long a hold survives its process without renewal; ``polling`` spaces
+    a waiter's polls; ``timeout`` is the default for ``lock()``/``rlock()``/``with lock``
+    (None: wait forever).
+    """
+
+    __slots__ = ("engine", "group", "name", "fair", "lease", "polling", "timeout")
+
+    def __init__(self, engine: Engine, group: str, name: str = "global", *, fair: bool = True,
+                 lease: float = 30.0, polling: Polling | None = None, timeout: float | None = None) -> None:
+        if not isinstance(engine, Engine):
+            raise ValueError(f"engine must be a ylock engine (see ylock.engine_from_url), got {engine!r}")
+        self.engine = engine
+        self.group = check_group(group)
+        self.name = check_name(name)
+        validate_common(lease, fair)
+        self.fair = fair
+        self.lease = float(lease)
+        if polling is not None and not isinstance(polling, Polling):
+            raise ValueError(f"polling must be a ylock.Polling, got {polling!r}")
+        self.polling = polling or DEFAULT_POLLING
+        self.timeout = _check_timeout(timeout)
+
+    def __repr__(self) -> str:
+        return f"<ylock.Lock {self.group}/{self.name} on {self.engine!r}>"
+
+    # -- exclusive -------------------------------------------------------------------
+
+    def lock(self, timeout: float | None = DEFAULT) -> None:
+        """Acquire the write lock, waiting up to ``timeout`` seconds (None: forever).
+
+        Raise :class:`LockTimeout` if it could not be had in time.
+        """
+        self._acquire(WRITE, self.timeout if timeout is DEFAULT else timeout, True)
+
+    def try_lock(self, timeout: float = 0.0) -> bool:
+        """Acquire the write lock if it can be had within ``timeout``; return whether it was."""
+        return self._acquire(WRITE, timeout, False)
+
+    def unlock(self) -> None:
+        """Release one level of this thread's write hold.
+
+        Raise :class:`LockNotOwned` if it holds none, :class:`LockLost` if this was the
+        final release and the lease had been lost meanwhile.
+        """
+        self._release(WRITE)
+
+    # -- shared ------------------------------------------------------------------------
+
+    def rlock(self, timeout: float | None = DEFAULT) -> None:
+        """Acquire the read lock, waiting up to ``timeout`` seconds (None: forever)."""
+        self._acquire(READ, self.timeout if timeout is DEFAULT else timeout, True)
+
+    def try_rlock(self, timeout: float = 0.0) -> bool:
+        """Acquire the read lock if it can be had within ``timeout``; return whether it was."""
+        return self._acquire(READ, timeout, False)
+
+    def runlock(self) -> None:
+        """Release one level of this thread's read hold (see :meth:`unlock`)."""
+        self._release(READ)
+
+    # -- context managers and decorators --------------------------------------------------
+
+    def write(self, timeout: float | None = DEFAULT) -> "Guard":
+        """Return a context manager (and decorator) holding the write lock."""
+        return Guard(self, WRITE, self.timeout if timeout is DEFAULT else timeout)
+
+    def read(self, timeout: float | None = DEFAULT) -> "Guard":
+        """Return a context manager (and decorator) holding the read lock."""
+        return Guard(self, READ, self.timeout if timeout is DEFAULT else timeout)
+
+    def __enter__(self) -> "Lock":
+        self.lock()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unlock()
+
+    # -- state of this thread's hold -----------------------------------------------------------
+
+    def _hold(self) -> Hold | None:
+        return _holds.get((self.engine, self.group, self.name, current_owner()))
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of this thread's hold, or None if it holds nothing."""
+        hold = self._hold()
+        return None if hold is None else hold.token
+
+    def held(self, mode: str | None = None) -> bool:
+        """Return True if this thread holds the lock (in ``mode``, if given)."""
+        hold = self._hold()
+        if hold is None:
+            return False
+        if mode is None:
+            return True
+        if mode not in (WRITE, READ):
+            raise ValueError(f"mode must be 'write' or 'read', got {mode!r}")
+        return bool(hold.writes if mode == WRITE else hold.reads)
+
+    @property
+    def lost(self) -> bool:
+        """True once this thread's hold could not be renewed (it may be someone else's now)."""
+        hold = self._hold()
+        return hold is not None and hold.lost
+
+    # -- the work ----------------------------------------------------------------------------------
+
+    def _acquire(self, mode: str, timeout: Any, raise_on_timeout: bool) -> bool:
+        timeout = _check_timeout(timeout)
+        owner = current_owner()
+        key = (self.engine, self.group, self.name, owner)
+        hold = _holds.get(key)
+        if hold is not None:
+            if hold.lost:
+                raise LockLost(f"this thread's hold was lost ({hold.lost_reason}); release it first",
+                               group=self.group, name=self.name)
+            if mode == WRITE:
+                if hold.writes:
+                    hold.writes += 1
+                    return True
+                raise LockUpgradeError("this thread holds the read lock; upgrading to write could deadlock, "
+                                       "release the read lock first", group=self.group, name=self.name)
+            if hold.reads:
+                hold.reads += 1
+                return True
+            # Downgrade: a writer may always take the read lock too, without waiting.
+            if self._engine_acquire(mode, owner, time.monotonic()) is None:
+                raise LockLost("the server refused this write holder its downgrade to read: the write "
+                               "hold is gone", group=self.group, name=self.name)
+            hold.reads = 1
+            WATCHDOG.add(hold, READ, self.polling.waiter_lease / 3)
+            return True
+
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        token = self._engine_acquire(mode, owner, deadline)
+        waited = time.monotonic() - started
+        if token is None:
+            events.publish(events.TIMED_OUT, self.group, self.name, self.engine.scheme, mode,
+                           owner=owner, wait=waited)
+            if raise_on_timeout:
+                raise LockTimeout(f"could not acquire the {mode} lock within {timeout} s",
+                                  group=self.group, name=self.name)
+            return False
+        hold = Hold(self.engine, self.group, self.name, owner, self.lease, token)
+        if mode == WRITE:
+            hold.writes = 1
+        else:
+            hold.reads = 1
+        _holds[key] = hold
+        WATCHDOG.add(hold, mode, self.polling.waiter_lease / 3)
+        events.publish(events.ACQUIRED, self.group, self.name, self.engine.scheme, mode,
+                       owner=owner, token=token, wait=waited)
+        return True
+
+    def _engine_acquire(self, mode: str, owner: str, deadline: float | None) -> int | None:
+        request = AcquireRequest(self.group, self.name, owner, mode, self.fair, self.lease, deadline, self.polling)
+        return self.engine.acquire(request)
+
+    def _release(self, mode: str) -> None:
+        owner = current_owner()
+        key = (self.engine, self.group, self.name, owner)
+        hold = _holds.get(key)
+        count = 0 if hold is None else (hold.writes if mode == WRITE else hold.reads)
+        if hold is None or count == 0:
+            raise LockNotOwned(f"this thread does not hold the {mode} lock", group=self.group, name=self.name)
+        if count > 1:
+            if mode == WRITE:
+                hold.writes -= 1
+            else:
+                hold.reads -= 1
+            return
+        if mode == WRITE:
+            hold.writes = 0
+        else:
+            hold.reads = 0
+        finished = not hold.writes and not hold.reads
+        if finished:
+            del _holds[key]
+        WATCHDOG.remove(hold, mode)
+        started = time.monotonic()
+        still_held: bool | None = None
+        try:
+            still_held = self.engine.release(self.group, self.name, owner, mode)
+        finally:
+            ended = time.monotonic()
+            events.publish(events.RELEASED, self.group, self.name, self.engine.scheme, mode, owner=owner,
+                           token=hold.token, hold=(ended - hold.started) if finished else None,
+                           release=ended - started)
+        if hold.lost or not still_held:
+            hold.mark_lost(hold.lost_reason or "the server no longer had this hold at release")
+            raise LockLost(f"the {mode} lock's lease was lost before release ({hold.lost_reason}); "
+                           "another owner may have held it meanwhile", group=self.group, name=self.name)
+
+
+class Guard:
+    """Holds a lock in one mode for a ``with`` block, or around every call of a function.
+
+    As a decorator it works on plain functions and on coroutine functions; a coroutine
+    runs its blocking acquire and release in a worker thread under one owner scope, so
+    the event loop keeps running while it waits.
+    """
+
+    __slots__ = ("_lock", "_mode", "_timeout")
+
+    def __init__(self, lock: Lock, mode: str, timeout: float | None) -> None:
+        self._lock = lock
+        self._mode = mode
+        self._timeout = _check_timeout(timeout)
+
+    def __enter__(self) -> Lock:
+        self._lock._acquire(self._mode, self._timeout, True)
+        return self._lock
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: "TracebackType | None") -> None:
+        self._lock._release(self._mode)
+
+    async def __aenter__(self) -> Lock:
+        await asyncio.to_thread(self._lock._acquire, self._mode, self._timeout, True)
+        return self._lock
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self._lock._release, self._mode)
+
+    def __call__(self, func: F) -> F:
+        if inspect.iscoroutinefunction(func):
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with owner_scope(new_owner()):
+                    async with self:
+                        return await func(*args, **kwargs)
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return func(*args, **kwargs)
+        return wrapper  # type: ignore[return-value]
+
+
+class Locks:
+    """A family of locks in one group, one per name (e.g. one per user); the verbs take
+    the name first. ``locks["user-42"]`` is the :class:`Lock` for that name."""
+
+    __slots__ = ("engine", "group", "fair", "lease", "polling", "timeout")
+
+    def __init__(self, engine: Engine, group: str, *, fair: bool = True, lease: float = 30.0,
+                 polling: Polling | None = None, timeout: float | None = None) -> None:
+        # Validate everything once by building a probe lock.
+        probe = Lock(engine, group, "probe", fair=fair, lease=lease, polling=polling, timeout=timeout)
+        self.engine = engine
+        self.group = probe.group
+        self.fair = fair
+        self.lease = probe.lease
+        self.polling = probe.polling
+        self.timeout = probe.timeout
+
+    def __repr__(self) -> str:
+        return f"<ylock.Locks {self.group}/* on {self.engine!r}>"
+
+    def __getitem__(self, name: str) -> Lock:
+        return Lock(self.engine, self.group, name, fair=self.fair, lease=self.lease,
+                    polling=self.polling, timeout=self.timeout)
+
+    def lock(self, name: str, timeout: float | None = DEFAULT) -> None:
+        """Acquire the write lock of ``name`` (see :meth:`Lock.lock`)."""
+        self[name].lock(timeout)
+
+    def try_lock(self, name: str, timeout: float = 0.0) -> bool:
+        """Try the write lock of ``name`` (see :meth:`Lock.try_lock`)."""
+        return self[name].try_lock(timeout)
+
+    def unlock(self, name: str) -> None:
+        """Release the write lock of ``name`` (see :meth:`Lock.unlock`)."""
+        self[name].unlock()
+
+    def rlock(self, name: str, timeout: float | None = DEFAULT) -> None:
+        """Acquire the read lock of ``name``."""
+        self[name].rlock(timeout)
+
+    def try_rlock(self, name: str, timeout: float = 0.0) -> bool:
+        """Try the read lock of ``name``."""
+        return self[name].try_rlock(timeout)
+
+    def runlock(self, name: str) -> None:
+        """Release the read lock of ``name``."""
+        self[name].runlock()
+
+    def write(self, name: str, timeout: float | None = DEFAULT) -> Guard:
+        """Return a context manager holding the write lock of ``name``."""
+        return self[name].write(timeout)
+
+    def read(self, name: str, timeout: float | None = DEFAULT) -> Guard:
+        """Return a context manager holding the read lock of ``name``."""
+        return self[name].read(timeout)
+
+    def held(self, name: str, mode: str | None = None) -> bool:
+        """Return True if this thread holds the lock of ``name``."""
+        return self[name].held(mode)
+
+    def token(self, name: str) -> int | None:
+        """Return this thread's fencing token for ``name``, or None."""
+        return self[name].token
+
+
+def holds() -> list[Hold]:
+    """Return this process's live holds (for diagnostics)."""
+    return list(_holds.values())
+
+
+def _after_fork_in_child() -> None:
+    _holds.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
