@@ -1,0 +1,79 @@
+"""Synchronisation helpers for tests: wait for a condition or an event, never a bare sleep."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import ylock
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until it is truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.005)
+
+
+def waiters(engine: ylock.Engine, group: str, name: str) -> list[str]:
+    """Return the queued waiters of a lock, as "mode:owner"."""
+    for info in engine.describe(group):
+        if info.name == name:
+            return list(info.waiters)
+    return []
+
+
+@contextmanager
+def collect(kind: str | None = None) -> Iterator[list[ylock.events.Event]]:
+    """Collect the events published inside the block (of ``kind``, if given)."""
+    seen: list[ylock.events.Event] = []
+
+    def on_event(event: ylock.events.Event) -> None:
+        if kind is None or event.kind == kind:
+            seen.append(event)
+
+    ylock.events.subscribe(on_event)
+    try:
+        yield seen
+    finally:
+        ylock.events.unsubscribe(on_event)
+
+
+def expect_event(kind: str, group: str) -> threading.Event:
+    """Return a threading.Event set when an event of ``kind`` for ``group`` is published
+    (the subscription stays for the rest of the session; it is cheap)."""
+    happened = threading.Event()
+
+    def on_event(event: ylock.events.Event) -> None:
+        if event.kind == kind and event.group == group:
+            happened.set()
+            ylock.events.unsubscribe(on_event)
+
+    ylock.events.subscribe(on_event)
+    return happened
+
+
+class Runner(threading.Thread):
+    """Run ``func`` in a thread, keeping its result or exception for the test."""
+
+    def __init__(self, func: Callable[[], object]) -> None:
+        super().__init__(daemon=True)
+        self.func = func
+        self.result: object = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.func()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            self.error = exc
+
+    def outcome(self, timeout: float = 10.0) -> object:
+        self.join(timeout)
+        assert not self.is_alive(), "thread did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.result

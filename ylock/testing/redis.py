@@ -1,0 +1,240 @@
+"""Real ``redis-server`` processes for tests: single servers, Sentinel, Cluster."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from ylock.testing import ServerError, free_port
+
+
+def _binary(name: str) -> str:
+    path = shutil.which(name) or (f"/usr/bin/{name}" if os.path.exists(f"/usr/bin/{name}") else None)
+    if path is None:
+        raise ServerError(f"{name} is not installed (Debian: apt-get install redis-server)")
+    return path
+
+
+class RedisServer:
+    """One ``redis-server`` on 127.0.0.1 at a free port, in its own directory."""
+
+    def __init__(self, *extra: str, port: int | None = None, directory: str | None = None,
+                 password: str | None = None) -> None:
+        self.port = port or 0
+        self.extra = extra
+        self.password = password
+        self.dir = Path(directory or tempfile.mkdtemp(prefix="ylock-redis-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / f"redis-{self.port}.log"
+
+    def start(self, attempts: int = 5) -> "RedisServer":
+        """Start the server; retry on another port if the picked one was taken."""
+        for _ in range(attempts):
+            if not self.port or self.proc is not None:
+                self.port = free_port()
+            args = [_binary("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1",
+                    "--save", "", "--appendonly", "no", "--dir", str(self.dir),
+                    "--logfile", str(self.log), "--daemonize", "no", *self.extra]
+            if self.password:
+                args += ["--requirepass", self.password]
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            if self._wait_ready():
+                return self
+            self.stop()
+        raise ServerError(f"redis-server did not start; last log:\n{self.read_log()}")
+
+    def restart(self) -> None:
+        """Stop and start again on the same port (data is not kept)."""
+        self.stop()
+        for _ in range(50):
+            self.proc = None
+            port = self.port
+            try:
+                self.start(attempts=1)
+                if self.port == port:
+                    return
+            except ServerError:
+                time.sleep(0.1)
+        raise ServerError(f"redis-server could not restart on port {self.port}")
+
+    def _wait_ready(self, timeout: float = 10.0) -> bool:
+        import redis
+
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(port=self.port, password=self.password, socket_timeout=1)
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    return False
+                try:
+                    # The server answering must be the process we started (ports are shared).
+                    if int(client.info("server")["process_id"]) == self.proc.pid:
+                        return True
+                    return False
+                except redis.exceptions.BusyLoadingError:
+                    pass
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    pass
+                time.sleep(0.02)
+            return False
+        finally:
+            client.close()
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): it accepts connections but never answers."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def read_log(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-4000:]
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> "RedisServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class RedisCluster:
+    """A Redis Cluster of ``masters`` masters (no replicas) on free ports."""
+
+    def __init__(self, masters: int = 3) -> None:
+        self.dir = tempfile.mkdtemp(prefix="ylock-cluster-")
+        self.nodes = [RedisServer("--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
+                                  "--cluster-config-file", f"nodes-{i}.conf",
+                                  directory=os.path.join(self.dir, str(i))) for i in range(masters)]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def start(self) -> "RedisCluster":
+        for node in self.nodes:
+            node.dir.mkdir(parents=True, exist_ok=True)
+            node.start()
+        addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        result = subprocess.run([_binary("redis-cli"), "--cluster", "create", *addresses,
+                                 "--cluster-replicas", "0", "--cluster-yes"],
+                                capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            raise ServerError(f"redis-cli --cluster create failed:\n{result.stdout}\n{result.stderr}")
+        self._wait_ok()
+        return self
+
+    def _wait_ok(self, timeout: float = 30.0) -> None:
+        import redis
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = []
+            for node in self.nodes:
+                try:
+                    info = redis.Redis(port=node.port, socket_timeout=1).cluster("info")
+                    states.append(info.get("cluster_state") == "ok" if isinstance(info, dict) else b"cluster_state:ok" in info)
+                except redis.exceptions.RedisError:
+                    states.append(False)
+            if all(states):
+                return
+            time.sleep(0.1)
+        raise ServerError("redis cluster did not reach cluster_state:ok")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def read_log(self) -> str:
+        return "\n".join(n.read_log() for n in self.nodes)
+
+
+class RedisSentinel:
+    """A master, a replica and ``sentinels`` Sentinels watching them (master name ``mymaster``)."""
+
+    master_name = "mymaster"
+
+    def __init__(self, sentinels: int = 1) -> None:
+        self.master = RedisServer()
+        self.replica: RedisServer | None = None
+        self.sentinels: list[tuple[int, subprocess.Popen[bytes], Path]] = []
+        self.count = sentinels
+        self.dir = Path(tempfile.mkdtemp(prefix="ylock-sentinel-"))
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{port}" for port, _, _ in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.master_name}/0"
+
+    def start(self) -> "RedisSentinel":
+        import redis
+
+        self.master.start()
+        self.replica = RedisServer("--replicaof", "127.0.0.1", str(self.master.port)).start()
+        for i in range(self.count):
+            for _ in range(5):
+                port = free_port()
+                conf = self.dir / f"sentinel-{i}.conf"
+                conf.write_text(
+                    f"port {port}\nbind 127.0.0.1\ndir {self.dir}\nlogfile {self.dir}/sentinel-{i}.log\n"
+                    f"sentinel monitor {self.master_name} 127.0.0.1 {self.master.port} 1\n"
+                    f"sentinel down-after-milliseconds {self.master_name} 1000\n"
+                    f"sentinel failover-timeout {self.master_name} 3000\n")
+                proc = subprocess.Popen([_binary("redis-server"), str(conf), "--sentinel"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                deadline = time.monotonic() + 10
+                ok = False
+                while time.monotonic() < deadline and proc.poll() is None:
+                    try:
+                        info = redis.Redis(port=port, socket_timeout=1).info("server")
+                        ok = int(info["process_id"]) == proc.pid
+                        break
+                    except redis.exceptions.RedisError:
+                        time.sleep(0.05)
+                if ok:
+                    self.sentinels.append((port, proc, conf))
+                    break
+                proc.kill()
+            else:
+                raise ServerError("redis sentinel did not start")
+        return self
+
+    def stop(self) -> None:
+        for _, proc, _ in self.sentinels:
+            proc.kill()
+            proc.wait(10)
+        self.master.stop()
+        if self.replica:
+            self.replica.stop()
+
+    def read_log(self) -> str:
+        logs = [self.master.read_log(), self.replica.read_log() if self.replica else ""]
+        for i in range(len(self.sentinels)):
+            try:
+                logs.append((self.dir / f"sentinel-{i}.log").read_text()[-2000:])
+            except OSError:
+                pass
+        return "\n".join(logs)
