@@ -175,9 +175,12 @@ class RedisEngine(Engine):
                 from redis.cluster import ClusterNode, RedisCluster
 
                 options.pop("retry", None)
+                # One immediate retry after redis-py refreshed the slot map (a failover
+                # moved the slot); its default backs off for seconds, past our timeouts.
                 return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in hosts], username=username,
                                     password=password, socket_timeout=self.socket_timeout,
-                                    socket_connect_timeout=self.connect_timeout, **self.client_options)
+                                    socket_connect_timeout=self.connect_timeout,
+                                    retry=Retry(NoBackoff(), 1), **self.client_options)
             from redis.sentinel import Sentinel
 
             path = [p for p in parts.path.split("/") if p]
@@ -250,6 +253,7 @@ class RedisEngine(Engine):
         intervals = r.polling.intervals()
         notify_key = f"{base}:n:{r.owner}"
         unreachable_since: float | None = None
+        queued = False
         while True:
             now = time.monotonic()
             last_try = r.deadline is not None and now >= r.deadline
@@ -263,7 +267,7 @@ class RedisEngine(Engine):
                 # waiter lease (our place in the queue) or the deadline is gone.
                 if unreachable_since is None:
                     unreachable_since = now
-                if last_try or now - unreachable_since >= waiter_lease or args[5] == "0":
+                if not queued or last_try or now - unreachable_since >= waiter_lease:
                     raise
                 time.sleep(min(next(intervals), 0.1))
                 continue
@@ -274,6 +278,7 @@ class RedisEngine(Engine):
                 return token
             if last_try:
                 return None
+            queued = True
             wait = min(next(intervals), max(0.001, int(reply[1]) / 1000))
             if r.deadline is not None:
                 wait = min(wait, max(0.0, r.deadline - time.monotonic()))

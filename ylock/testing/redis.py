@@ -222,6 +222,43 @@ class RedisSentinel:
                 raise ServerError("redis sentinel did not start")
         return self
 
+    def wait_replica_known(self, timeout: float = 30.0) -> None:
+        """Wait until every Sentinel sees a healthy replica (it could not fail over before)."""
+        import redis
+
+        deadline = time.monotonic() + timeout
+        for port, _, _ in self.sentinels:
+            client = redis.Redis(port=port, socket_timeout=1, decode_responses=True)
+            while True:
+                replicas = client.execute_command("SENTINEL", "REPLICAS", self.master_name)
+                flat = [dict(zip(r[::2], r[1::2])) if isinstance(r, list) else r for r in replicas]
+                if any("s_down" not in r.get("flags", "") and r.get("master-link-status") == "ok" for r in flat):
+                    break
+                if time.monotonic() > deadline:
+                    raise ServerError(f"sentinel on {port} never saw a healthy replica: {flat}")
+                time.sleep(0.1)
+
+    def failover(self, timeout: float = 30.0) -> None:
+        """Make the Sentinels promote the replica; return once the master moved."""
+        import redis
+
+        self.wait_replica_known(timeout)
+        client = redis.Redis(port=self.sentinels[0][0], socket_timeout=2)
+        before = client.sentinel_get_master_addr_by_name(self.master_name)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                client.execute_command("SENTINEL", "FAILOVER", self.master_name)
+                break
+            except redis.exceptions.ResponseError as exc:   # e.g. NOGOODSLAVE while replicas settle
+                if time.monotonic() > deadline:
+                    raise ServerError(f"sentinel refused to fail over: {exc}") from exc
+                time.sleep(0.2)
+        while client.sentinel_get_master_addr_by_name(self.master_name) == before:
+            if time.monotonic() > deadline:
+                raise ServerError("sentinel did not fail over in time")
+            time.sleep(0.1)
+
     def stop(self) -> None:
         for _, proc, _ in self.sentinels:
             proc.kill()

@@ -1,0 +1,169 @@
+"""Server-side faults: restart, freeze, Sentinel failover, a Cluster master killed.
+Each asserts that nothing hangs past its timeout and that exclusion survives or the loss
+is reported."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+import ylock
+from tests.helpers import Runner, expect_event
+from ylock import events
+from ylock.testing.redis import RedisCluster, RedisServer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def own_redis():
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+def test_restart_fails_fast_reports_loss_and_recovers(own_redis, group):
+    engine = ylock.engine_from_url(own_redis.url + "?socket_timeout=0.5&connect_timeout=0.3")
+    holder = ylock.Lock(engine, group, "held", lease=1.5)
+    lost = expect_event(events.LOST, group)
+    holder.lock()
+    own_redis.stop()
+    started = time.monotonic()
+    with pytest.raises(ylock.EngineUnavailable) as info:
+        ylock.Lock(engine, group, "other").try_lock(timeout=1)
+    assert time.monotonic() - started < 1.5
+    assert isinstance(info.value, ConnectionError) and isinstance(info.value.__cause__, redis.exceptions.RedisError)
+    own_redis.restart()
+    assert lost.wait(10), "the hold was not reported lost"          # keys vanished with the restart
+    assert holder.lost
+    with pytest.raises(ylock.LockLost):
+        holder.unlock()
+    other = ylock.Lock(engine, group, "held")
+    assert other.try_lock(2) is True                                  # works again
+    other.unlock()
+
+
+def test_frozen_server_honours_every_timeout(own_redis, group):
+    engine = ylock.engine_from_url(own_redis.url + "?socket_timeout=0.5")
+    lock = ylock.Lock(engine, group, "n")
+    assert lock.try_lock() and lock.unlock() is None
+    own_redis.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(ylock.EngineUnavailable):
+            lock.lock(timeout=0.2)
+        assert time.monotonic() - started < 0.5 + 0.3   # one socket timeout, no retry loop
+    finally:
+        own_redis.resume()
+    assert lock.try_lock(2) and lock.unlock() is None
+
+
+def test_notify_hands_the_lock_over_without_waiting_for_a_poll(redis_server, group):
+    engine = ylock.engine_from_url(redis_server.url)
+    holder = ylock.Lock(engine, group, "n")
+    holder.lock()
+    slow_polling = ylock.Polling.constant(1.5)     # a poll would take up to 1.5 s
+    acquired_at: list[float] = []
+
+    def wait() -> None:
+        lock = ylock.Lock(engine, group, "n", polling=slow_polling)
+        lock.lock(timeout=10)
+        acquired_at.append(time.monotonic())
+        lock.unlock()
+    runner = Runner(wait)
+    runner.start()
+    from tests.helpers import wait_until, waiters
+    wait_until(lambda: waiters(engine, group, "n"), what="queued")
+    time.sleep(0.05)                               # let the waiter enter its blocking pop
+    released = time.monotonic()
+    holder.unlock()
+    runner.outcome()
+    assert acquired_at[0] - released < 0.3         # the release pushed the lock to it
+
+
+def test_ten_thousand_holds_are_renewed_in_few_round_trips(redis_server, group):
+    engine = ylock.engine_from_url(redis_server.url)
+    locks = ylock.Locks(engine, group, lease=3.0)
+    names = [f"n{i}" for i in range(10_000)]
+    batches: list[tuple[int, float]] = []
+    lost = expect_event(events.LOST, group)
+    for name in names:
+        locks.lock(name)
+    try:
+        ylock.WATCHDOG.on_batch = lambda eng, n, secs: batches.append((n, time.monotonic())) if eng is engine else None
+        window_start = time.monotonic()
+        time.sleep(2.0)                             # two renewal periods (lease / 3 = 1 s) go by
+        window = [n for n, at in batches if at >= window_start]
+        ylock.WATCHDOG.on_batch = None
+        assert sum(window) >= 10_000, f"only {sum(window)} renewals in two periods"
+        # each batch is one engine.renew() call: <= 5 pipelines of 2,000 on one server
+        assert len(window) <= 2 * 3, f"{len(window)} batches in two periods"
+        assert not lost.is_set()
+        assert all(not locks[name].lost for name in names[:100])
+    finally:
+        ylock.WATCHDOG.on_batch = None
+        for name in names:
+            locks.unlock(name)
+
+
+def test_sentinel_failover_under_load_does_not_hang(redis_sentinel, group):
+    engine = ylock.engine_from_url(redis_sentinel.url + "?socket_timeout=1")
+    outcomes: dict[str, int] = {"ok": 0, "unavailable": 0, "timeout": 0, "lost": 0}
+    stop = threading.Event()
+
+    def load(i: int) -> None:
+        lock = ylock.Lock(engine, group, f"n{i % 2}", lease=2)
+        while not stop.is_set():
+            try:
+                with lock.write(timeout=1):
+                    pass
+                outcomes["ok"] += 1
+            except ylock.EngineUnavailable:
+                outcomes["unavailable"] += 1
+                time.sleep(0.05)
+            except ylock.LockTimeout:
+                outcomes["timeout"] += 1
+            except ylock.LockLost:
+                outcomes["lost"] += 1
+    threads = [threading.Thread(target=load, args=(i,), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    redis_sentinel.failover()
+    ok_at_failover = outcomes["ok"]
+    deadline = time.monotonic() + 20
+    while outcomes["ok"] < ok_at_failover + 20:        # the engine follows the new master
+        assert time.monotonic() < deadline, f"no progress after failover: {outcomes}"
+        time.sleep(0.05)
+    stop.set()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive(), "a lock call hung through the failover"
+    print("sentinel failover outcomes:", outcomes)
+
+
+def test_cluster_master_killed_fails_within_timeouts():
+    cluster = RedisCluster(3).start()
+    try:
+        engine = ylock.engine_from_url(cluster.url + "?socket_timeout=0.5&connect_timeout=0.3")
+        locks = ylock.Locks(engine, "cl")
+        for i in range(30):                            # spread over all three masters
+            with locks.write(f"n{i}", timeout=2):
+                pass
+        cluster.nodes[0].stop()
+        results = {"ok": 0, "unavailable": 0}
+        started = time.monotonic()
+        for i in range(30):
+            t0 = time.monotonic()
+            try:
+                with locks.write(f"n{i}", timeout=1):
+                    pass
+                results["ok"] += 1
+            except ylock.EngineUnavailable:
+                results["unavailable"] += 1
+            assert time.monotonic() - t0 < 5, "a call hung on the dead master"
+        assert results["unavailable"] > 0 and time.monotonic() - started < 60
+        print("cluster with a dead master:", results)
+    finally:
+        cluster.stop()
