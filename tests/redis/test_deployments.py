@@ -1,0 +1,79 @@
+"""Deployment features of the Redis engine: ACL users and TLS from the URL, scripts that
+survive SCRIPT FLUSH, per-lock key prefixes."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import redis
+
+import ylock
+from ylock.testing import free_port
+from ylock.testing.redis import RedisServer
+
+
+def test_scripts_survive_script_flush(redis_server, group):
+    engine = ylock.engine_from_url(redis_server.url)
+    lock = ylock.Lock(engine, group, "n")
+    with lock:
+        pass
+    redis.Redis.from_url(redis_server.url).script_flush()
+    with lock:                      # NOSCRIPT is answered by loading the script again
+        assert lock.held()
+    redis.Redis.from_url(redis_server.url).script_flush()
+    assert engine.renew([ylock.RenewItem(group, "n", "nobody", "write", 1.0)]) == [False]   # pipelines too
+
+
+def test_acl_user_and_password_from_the_url(redis_server, group):
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.acl_setuser("locker", enabled=True, passwords=["+s3cret"], keys=["*"], commands=["+@all"])
+    try:
+        port = redis_server.port
+        engine = ylock.engine_from_url(f"redis://locker:s3cret@127.0.0.1:{port}/0")
+        lock = ylock.Lock(engine, group, "n")
+        with lock:
+            assert lock.token
+        bad = ylock.engine_from_url(f"redis://locker:wrong@127.0.0.1:{port}/0")
+        with pytest.raises(ylock.EngineUnavailable, match="refused the credentials|invalid username-password"):
+            ylock.Lock(bad, group, "n").try_lock()
+        assert "wrong" not in repr(bad)
+    finally:
+        admin.acl_deluser("locker")
+
+
+def test_separate_prefixes_do_not_share_locks(redis_server, group):
+    one = ylock.engine_from_url(redis_server.url + "?prefix=app1")
+    two = ylock.engine_from_url(redis_server.url + "?prefix=app2")
+    with ylock.Lock(one, group, "n"):
+        assert ylock.Lock(two, group, "n").try_lock() is True
+        ylock.Lock(two, group, "n").unlock()
+
+
+@pytest.fixture
+def tls_redis(tmp_path: Path):
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=ylock-test-ca",
+        "-keyout", "ca.key", "-out", "ca.crt")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr")
+    (tmp_path / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-days", "1", "-out", "server.crt", "-extfile", "ext.cnf")
+    tls_port = free_port()
+    server = RedisServer("--tls-port", str(tls_port), "--tls-cert-file", str(tmp_path / "server.crt"),
+                         "--tls-key-file", str(tmp_path / "server.key"),
+                         "--tls-ca-cert-file", str(tmp_path / "ca.crt"), "--tls-auth-clients", "no").start()
+    yield tls_port, tmp_path / "ca.crt"
+    server.stop()
+
+
+def test_tls_with_rediss_url(tls_redis, group):
+    port, ca = tls_redis
+    engine = ylock.engine_from_url(f"rediss://127.0.0.1:{port}/0", ssl_ca_certs=str(ca))
+    lock = ylock.Lock(engine, group, "n")
+    with lock:
+        assert [i.name for i in engine.describe(group)] == ["n"]
+    untrusted = ylock.engine_from_url(f"rediss://127.0.0.1:{port}/0")   # no CA: the certificate is refused
+    with pytest.raises(ylock.EngineUnavailable):
+        ylock.Lock(untrusted, group, "n").try_lock()
