@@ -18,7 +18,8 @@ def _check(kind: str, value: object, max_length: int) -> str:
     if not value:
         raise ValueError(f"lock {kind} must not be empty")
     if len(value) > max_length:
-        raise ValueError(f"lock {kind} is {len(value)} characters long; the limit is {max_length}: {value[:40]!r}...")
+        raise ValueError(f"lock {kind} is {len(value)} characters long; the limit is {max_length}: "
+                         f"{value[:40]!r}...")
     bad = _FORBIDDEN.search(value)
     if bad:
         raise ValueError(f"lock {kind} {value!r} contains {bad.group()!r}; '/', '{{', '}}' and control characters are not allowed")

@@ -44,7 +44,7 @@ DEFAULT: Any = object()
 # Every live hold of this process, keyed by (engine, group, name, owner). Only the owner
 # creates, counts and deletes its entry; the watchdog only flips ``lost``. Dict reads and
 # single writes are atomic in CPython, so the re-entry path takes no lock.
-_holds: dict[tuple[Engine, str, str, str], "Hold"] = {}
+_holds: dict[tuple[Engine, str, str, str], Hold] = {}
 
 
 class Hold:
@@ -154,15 +154,15 @@ class Lock:
 
     # -- context managers and decorators --------------------------------------------------
 
-    def write(self, timeout: float | None = DEFAULT) -> "Guard":
+    def write(self, timeout: float | None = DEFAULT) -> Guard:
         """Return a context manager (and decorator) holding the write lock."""
         return Guard(self, WRITE, self.timeout if timeout is DEFAULT else timeout)
 
-    def read(self, timeout: float | None = DEFAULT) -> "Guard":
+    def read(self, timeout: float | None = DEFAULT) -> Guard:
         """Return a context manager (and decorator) holding the read lock."""
         return Guard(self, READ, self.timeout if timeout is DEFAULT else timeout)
 
-    def __enter__(self) -> "Lock":
+    def __enter__(self) -> Lock:
         self.lock()
         return self
 
@@ -307,7 +307,7 @@ class Guard:
         return self._lock
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: "TracebackType | None") -> None:
+                 tb: TracebackType | None) -> None:
         self._lock._release(self._mode)
 
     async def __aenter__(self) -> Lock:

@@ -47,7 +47,7 @@ def engine_class_for_url(url: str) -> type[Engine]:
                                  f"known schemes: {', '.join(SCHEMES)}")
     module, cls, extra = _SCHEMES[scheme]
     try:
-        return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+        return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return,unused-ignore]
     except ImportError as exc:
         raise ConfigurationError(f"{scheme}:// engines need the {extra!r} extra "
                                  f"(pip install 'ylock[{extra}]'): {exc}") from exc
@@ -82,7 +82,7 @@ def engine_from_path(path: str, url: str | None = None, **options: Any) -> Engin
         engine = factory(**options)
     if not isinstance(engine, Engine):
         raise ConfigurationError(f"engine {path!r} built {engine!r}, which is not a ylock Engine")
-    return engine  # type: ignore[no-any-return]
+    return engine
 
 
 def _redact(url: str) -> str:

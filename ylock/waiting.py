@@ -33,13 +33,13 @@ class Polling:
             raise ValueError(f"polling jitter must be in [0, 1), got {self.jitter}")
 
     @classmethod
-    def constant(cls, interval: float, jitter: float = 0.0) -> "Polling":
+    def constant(cls, interval: float, jitter: float = 0.0) -> Polling:
         """Return a strategy that polls every ``interval`` seconds."""
         return cls(initial=interval, maximum=interval, multiplier=1.0, jitter=jitter)
 
     @classmethod
     def exponential(cls, initial: float = 0.05, maximum: float = 0.5, multiplier: float = 2.0,
-                    jitter: float = 0.2) -> "Polling":
+                    jitter: float = 0.2) -> Polling:
         """Return a strategy whose interval grows geometrically up to ``maximum``."""
         return cls(initial=initial, maximum=maximum, multiplier=multiplier, jitter=jitter)
 

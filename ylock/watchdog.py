@@ -39,7 +39,7 @@ logger = logging.getLogger("ylock.watchdog")
 class _Entry:
     __slots__ = ("hold", "item", "due", "confirmed")
 
-    def __init__(self, hold: "Hold", item: RenewItem, due: float, confirmed: float) -> None:
+    def __init__(self, hold: Hold, item: RenewItem, due: float, confirmed: float) -> None:
         self.hold = hold
         self.item = item
         self.due = due
@@ -53,18 +53,18 @@ class Watchdog:
         self._reset()
         #: Called with (engine, number of items, seconds) after every renew batch; tests
         #: and benchmarks count round trips with it.
-        self.on_batch: Callable[["Engine", int, float], None] | None = None
+        self.on_batch: Callable[[Engine, int, float], None] | None = None
 
     def _reset(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._entries: dict[tuple[object, ...], _Entry] = {}
-        self._holds: dict[int, "Hold"] = {}   # every live hold, renewed or not
+        self._holds: dict[int, Hold] = {}   # every live hold, renewed or not
         self._thread: threading.Thread | None = None
         self._stopping = False
 
     # -- registry --------------------------------------------------------------------
 
-    def add(self, hold: "Hold", mode: str, first_renewal: float) -> None:
+    def add(self, hold: Hold, mode: str, first_renewal: float) -> None:
         """Track ``hold`` in ``mode``; renew it if its engine needs renewal."""
         now = time.monotonic()
         with self._cond:
@@ -78,19 +78,19 @@ class Watchdog:
                 self._thread.start()
             self._cond.notify()
 
-    def remove(self, hold: "Hold", mode: str) -> None:
+    def remove(self, hold: Hold, mode: str) -> None:
         """Stop renewing ``hold`` in ``mode``; forget it once it holds no mode."""
         with self._cond:
             self._entries.pop((id(hold), mode), None)
             if not hold.writes and not hold.reads:
                 self._holds.pop(id(hold), None)
 
-    def holds(self) -> list["Hold"]:
+    def holds(self) -> list[Hold]:
         """Return this process's live holds."""
         with self._cond:
             return list(self._holds.values())
 
-    def mark_lost(self, engine: "Engine", group: str | None = None, name: str | None = None,
+    def mark_lost(self, engine: Engine, group: str | None = None, name: str | None = None,
                   owner: str | None = None, detail: str = "") -> int:
         """Mark every matching hold of ``engine`` lost (e.g. a ZooKeeper session expired);
         return how many."""
@@ -115,7 +115,7 @@ class Watchdog:
             for engine, entries in batches.items():
                 self._renew(engine, entries)
 
-    def _next_batches(self) -> dict["Engine", list[_Entry]] | None:
+    def _next_batches(self) -> dict[Engine, list[_Entry]] | None:
         with self._cond:
             while True:
                 if self._stopping:
@@ -128,13 +128,13 @@ class Watchdog:
                 if earliest > now:
                     self._cond.wait(earliest - now)
                     continue
-                batches: dict["Engine", list[_Entry]] = {}
+                batches: dict[Engine, list[_Entry]] = {}
                 for entry in self._entries.values():
                     if entry.due <= now + entry.item.lease / 6:
                         batches.setdefault(entry.hold.engine, []).append(entry)
                 return batches
 
-    def _renew(self, engine: "Engine", entries: list[_Entry]) -> None:
+    def _renew(self, engine: Engine, entries: list[_Entry]) -> None:
         started = time.monotonic()
         try:
             results: list[bool | None] = engine.renew([e.item for e in entries])

@@ -150,7 +150,7 @@ class Engine(abc.ABC):
         return self.scheme + "://"
 
 
-_live_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+_live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 def _reset_engines_after_fork() -> None:

@@ -208,6 +208,9 @@ class LocalEngine(Engine):
                 state.expire(now)
                 if state.empty():
                     continue
+                mode: str | None
+                owners: tuple[str, ...]
+                until: float | None
                 if state.writer is not None:
                     mode, owners, until = WRITE, (state.writer,), state.writer_deadline
                 elif state.readers:

@@ -101,7 +101,7 @@ class RedisEngine(Engine):
         self._init_lock = threading.Lock()
 
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> "RedisEngine":
+    def from_url(cls, url: str, **options: Any) -> RedisEngine:
         """Build an engine from a URL; query parameters that are engine options are
         taken out of the URL (and converted), the others are passed on to redis-py."""
         parts = urlsplit(url)
@@ -183,14 +183,14 @@ class RedisEngine(Engine):
                                     retry=Retry(NoBackoff(), 1), **self.client_options)
             from redis.sentinel import Sentinel
 
-            path = [p for p in parts.path.split("/") if p]
-            if not path:
+            segments = [p for p in parts.path.split("/") if p]
+            if not segments:
                 raise ConfigurationError(f"Sentinel URL needs the master name: redis+sentinel://host:port/MASTER/db, "
                                          f"got {self.url_for_display()!r}")
-            db = int(path[1]) if len(path) > 1 else 0
+            db = int(segments[1]) if len(segments) > 1 else 0
             sentinel = Sentinel(hosts, socket_timeout=self.socket_timeout,
                                 socket_connect_timeout=self.connect_timeout)
-            return sentinel.master_for(path[0], db=db, username=username, password=password, **options)
+            return sentinel.master_for(segments[0], db=db, username=username, password=password, **options)
         except ConfigurationError:
             raise
         except (ValueError, TypeError) as exc:

@@ -39,7 +39,7 @@ class RedisServer:
     def log(self) -> Path:
         return self.dir / f"redis-{self.port}.log"
 
-    def start(self, attempts: int = 5) -> "RedisServer":
+    def start(self, attempts: int = 5) -> RedisServer:
         """Start the server; retry on another port if the picked one was taken."""
         for _ in range(attempts):
             if not self.port or self.proc is not None:
@@ -114,7 +114,7 @@ class RedisServer:
         except OSError:
             return "(no log)"
 
-    def __enter__(self) -> "RedisServer":
+    def __enter__(self) -> RedisServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -134,7 +134,7 @@ class RedisCluster:
     def url(self) -> str:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
 
-    def start(self) -> "RedisCluster":
+    def start(self) -> RedisCluster:
         for node in self.nodes:
             node.dir.mkdir(parents=True, exist_ok=True)
             node.start()
@@ -156,7 +156,8 @@ class RedisCluster:
             for node in self.nodes:
                 try:
                     info = redis.Redis(port=node.port, socket_timeout=1).cluster("info")
-                    states.append(info.get("cluster_state") == "ok" if isinstance(info, dict) else b"cluster_state:ok" in info)
+                    ok = info.get("cluster_state") == "ok" if isinstance(info, dict) else b"cluster_state:ok" in info
+                    states.append(ok)
                 except redis.exceptions.RedisError:
                     states.append(False)
             if all(states):
@@ -189,7 +190,7 @@ class RedisSentinel:
         hosts = ",".join(f"127.0.0.1:{port}" for port, _, _ in self.sentinels)
         return f"redis+sentinel://{hosts}/{self.master_name}/0"
 
-    def start(self) -> "RedisSentinel":
+    def start(self) -> RedisSentinel:
         import redis
 
         self.master.start()
