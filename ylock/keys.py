@@ -22,7 +22,8 @@ def _check(kind: str, value: object, max_length: int) -> str:
                          f"{value[:40]!r}...")
     bad = _FORBIDDEN.search(value)
     if bad:
-        raise ValueError(f"lock {kind} {value!r} contains {bad.group()!r}; '/', '{{', '}}' and control characters are not allowed")
+        raise ValueError(f"lock {kind} {value!r} contains {bad.group()!r}; "
+                         "'/', '{', '}' and control characters are not allowed")
     if value in (".", ".."):
         raise ValueError(f"lock {kind} must not be {value!r}")
     return value

@@ -288,9 +288,9 @@ def test_fencing_tokens_strictly_increase(engine, group):
 def test_lease_is_renewed_while_held(engine, group):
     if not engine.needs_renewal:
         pytest.skip("session-bound engine: no lease to renew")  # ZooKeeper: covered by its session tests
-    lock = make(engine, group, lease=0.6)
+    lock = make(engine, group, lease=0.5)
     with lock:
-        time.sleep(2.0)        # the subject of the test: three leases go by
+        time.sleep(2.5)        # the subject of the test: five leases go by
         assert not lock.lost
         assert other_thread(lambda: make(engine, group).try_lock()) is False
     assert not lock.held()

@@ -77,3 +77,16 @@ def test_tls_with_rediss_url(tls_redis, group):
     untrusted = ylock.engine_from_url(f"rediss://127.0.0.1:{port}/0")   # no CA: the certificate is refused
     with pytest.raises(ylock.EngineUnavailable):
         ylock.Lock(untrusted, group, "n").try_lock()
+
+
+def test_wait_replicas_confirms_or_refuses(redis_sentinel, group):
+    # The Sentinel setup has a master with exactly one replica.
+    redis_sentinel.wait_replica_known()
+    one = ylock.engine_from_url(redis_sentinel.url + "?wait_replicas=1&wait_timeout=1")
+    lock = ylock.Lock(one, group, "n")
+    with lock:
+        assert lock.held()
+    two = ylock.engine_from_url(redis_sentinel.url + "?wait_replicas=2&wait_timeout=0.2")
+    with pytest.raises(ylock.EngineUnavailable, match="only 1 of 2 replicas"):
+        ylock.Lock(two, group, "n").lock(timeout=1)
+    assert list(one.describe(group)) == []          # the unconfirmed hold was released

@@ -86,6 +86,9 @@ class RedisEngine(Engine):
                 raise ConfigurationError(f"Redis engine option {option} must be a positive number, got {value!r}")
         if isinstance(wait_replicas, bool) or not isinstance(wait_replicas, int) or wait_replicas < 0:
             raise ConfigurationError(f"Redis engine option wait_replicas must be an int >= 0, got {wait_replicas!r}")
+        if wait_replicas and wait_timeout >= socket_timeout:
+            raise ConfigurationError(f"Redis engine option wait_timeout ({wait_timeout}) must be below "
+                                     f"socket_timeout ({socket_timeout}), or WAIT would look like a dead server")
         self.prefix = prefix
         self.socket_timeout = float(socket_timeout)
         self.connect_timeout = float(connect_timeout)
@@ -260,7 +263,7 @@ class RedisEngine(Engine):
             args[5] = "0" if last_try else "1"
             try:
                 with self._errors(r.group, r.name):
-                    reply = self._run("acquire", keys, args)
+                    reply, acked = self._acquire_call(keys, args)
                 unreachable_since = None
             except EngineUnavailable:
                 # Before we are queued, fail fast; once queued, ride out a blip until the
@@ -274,7 +277,7 @@ class RedisEngine(Engine):
             self._publish_evicted(r, reply[2:])
             if reply[0] == 1:
                 token = int(reply[1])
-                self._confirm(r, token)
+                self._confirm(r, acked)
                 return token
             if last_try:
                 return None
@@ -284,7 +287,10 @@ class RedisEngine(Engine):
                 wait = min(wait, max(0.0, r.deadline - time.monotonic()))
             granted = self._wait(r, notify_key, wait)
             if granted is not None:
-                self._confirm(r, granted)
+                if self.wait_replicas:
+                    # the grant was written by the releaser's connection: confirm ours
+                    # with one more script call, which finds the grant and re-writes it.
+                    continue
                 return granted
 
     def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
@@ -314,11 +320,18 @@ class RedisEngine(Engine):
             return None
         return int(value)
 
-    def _confirm(self, r: AcquireRequest, token: int) -> None:
+    def _acquire_call(self, keys: list[str], args: list[Any]) -> tuple[Any, int]:
+        """Run the acquire script; with ``wait_replicas``, WAIT on the same connection in
+        the same round trip (WAIT counts the replicas that have this connection's writes)."""
         if not self.wait_replicas:
-            return
-        with self._errors(r.group, r.name):
-            acked = self.client.wait(self.wait_replicas, self.wait_timeout_ms)
+            return self._run("acquire", keys, args), 0
+        pipe = self.client.pipeline(transaction=False)
+        self._scripts["acquire"](keys=keys, args=args, client=pipe)
+        pipe.wait(self.wait_replicas, self.wait_timeout_ms)
+        reply, acked = pipe.execute()
+        return reply, int(acked)
+
+    def _confirm(self, r: AcquireRequest, acked: int) -> None:
         if acked < self.wait_replicas:
             with contextlib.suppress(EngineUnavailable):
                 self.release(r.group, r.name, r.owner, r.mode)
