@@ -1,0 +1,229 @@
+"""Metrics for ylock: observe every lock call, whatever the engine, and export it.
+
+The facade publishes :class:`ylock.events.Event` s synchronously (acquired, timed_out,
+released, renewed, lost, waiter_evicted, with wait/hold/release spans). This package
+subscribes exporters to them:
+
+- an in-memory :class:`~ylock.metrics.aggregator.Aggregator` (counts per kind and
+  group, wait/hold/release percentiles) that ``ylock stats`` commands print;
+- :class:`~ylock.metrics.influxdb.InfluxExporter`: one batching writer per process with
+  a bounded buffer that drops, and counts, what InfluxDB cannot take;
+- :class:`~ylock.metrics.prometheus.PrometheusExporter`: counters and histograms;
+- user exporters, dotted paths to callables taking an Event, run off the lock path.
+
+Configure them from one dict, the ``METRICS`` key of the Django ``YLOCK`` setting or
+Flask's ``YLOCK_METRICS``::
+
+    ylock.metrics.configure({
+        "INFLUXDB": {"URL": "http://influx:8086", "TOKEN": "...", "ORG": "acme", "BUCKET": "locks"},
+        "PROMETHEUS": True,
+        "EXPORTERS": ["myapp.metrics.forward"],
+        "TAG_NAMES": True, "UNTAGGED_GROUPS": ["users"],   # no per-user series
+    })
+
+Exporters are process-wide, like the events they listen to: configuring the same
+settings twice (two Flask apps, a test re-running ``ready()``) reuses the exporters
+already running instead of starting a second writer.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from ylock import events
+from ylock.errors import ConfigurationError
+from ylock.metrics.aggregator import Aggregator
+from ylock.metrics.background import Shipper, live_shippers
+from ylock.metrics.tags import ANY_NAME, Tagging
+
+__all__ = ["configure", "validate", "stats", "shutdown", "Metrics", "Aggregator", "Tagging", "Shipper",
+           "AGGREGATOR", "ANY_NAME", "KEYS"]
+
+#: Every key of a ``METRICS`` dict, with its default.
+KEYS: dict[str, Any] = {
+    "STATS": True,            # keep the in-memory aggregator behind `ylock stats`
+    "TAG_NAMES": True,        # tag points with the lock name ...
+    "UNTAGGED_GROUPS": [],    # ... except in these groups (fine-grained families): name="*"
+    "INFLUXDB": None,         # dict of InfluxDB settings (see ylock.metrics.influxdb.DEFAULTS), or True for env
+    "PROMETHEUS": None,       # True, or {"NAMESPACE": "ylock", "REGISTRY": "default"|"own", "PATH": "/metrics"}
+    "EXPORTERS": [],          # dotted paths of callables taking an Event, run off the lock path
+}
+PROMETHEUS_KEYS = {"NAMESPACE": "ylock", "REGISTRY": "own", "PATH": None, "BUCKETS": None}
+
+#: The process's aggregator (subscribed by :func:`configure` unless ``STATS`` is False).
+AGGREGATOR = Aggregator()
+
+_mutex = threading.Lock()
+_exporters: dict[tuple[Any, ...], Any] = {}   # settings key -> running exporter, process-wide
+
+
+class Metrics:
+    """What :func:`configure` set up: the exporters, subscribed to :mod:`ylock.events`."""
+
+    def __init__(self, aggregator: Aggregator | None, influxdb: Any, prometheus: Any, custom: Any,
+                 prometheus_path: str | None) -> None:
+        self.aggregator = aggregator
+        self.influxdb = influxdb
+        self.prometheus = prometheus
+        self.custom = custom
+        self.prometheus_path = prometheus_path
+
+    @property
+    def subscribers(self) -> list[Any]:
+        """Return every subscribed exporter."""
+        return [s for s in (self.aggregator, self.influxdb, self.prometheus, self.custom) if s is not None]
+
+    def stats(self) -> dict[str, Any]:
+        """Return the aggregator's snapshot and the background exporters' counts."""
+        return {"groups": self.aggregator.snapshot() if self.aggregator else {},
+                "exporters": {s.kind: s.stats() for s in (self.influxdb, self.custom) if s is not None}}
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Ship what the background exporters hold; return True if all drained in time."""
+        return all([s.flush(timeout) for s in (self.influxdb, self.custom) if s is not None])
+
+    def __repr__(self) -> str:
+        return f"<ylock.metrics.Metrics {self.subscribers}>"
+
+
+def _check_list_of_str(value: Any, setting: str) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigurationError(f"{setting} must be a list of strings, got {value!r}")
+    return list(value)
+
+
+def validate(config: Mapping[str, Any] | None, *, setting: str = "METRICS",
+             environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Return the full settings (defaults filled in); raise ConfigurationError naming the bad key.
+
+    Check everything :func:`configure` would need (dotted paths import, InfluxDB settings
+    complete, ``prometheus-client``/``influxdb-client`` installed) without starting anything.
+    """
+    from ylock.metrics import custom, influxdb
+
+    if config is None:
+        config = {}
+    if not isinstance(config, Mapping):
+        raise ConfigurationError(f"{setting} must be a dict, got {config!r}")
+    unknown = sorted(set(config) - set(KEYS))
+    if unknown:
+        raise ConfigurationError(f"{setting} has unknown keys {unknown}; known: {sorted(KEYS)}")
+    out = {**KEYS, **config}
+    for key in ("STATS", "TAG_NAMES"):
+        if not isinstance(out[key], bool):
+            raise ConfigurationError(f"{setting}[{key!r}] must be True or False, got {out[key]!r}")
+    out["UNTAGGED_GROUPS"] = _check_list_of_str(out["UNTAGGED_GROUPS"], f"{setting}['UNTAGGED_GROUPS']")
+    out["EXPORTERS"] = _check_list_of_str(out["EXPORTERS"], f"{setting}['EXPORTERS']")
+    for path in out["EXPORTERS"]:
+        custom.import_callable(path, f"{setting}['EXPORTERS']")
+    if out["INFLUXDB"] not in (None, False):
+        try:
+            import influxdb_client  # noqa: F401
+        except ImportError as exc:
+            raise ConfigurationError(f"{setting}['INFLUXDB'] needs influxdb-client "
+                                     "(pip install 'ylock[influxdb]')") from exc
+        out["INFLUXDB"] = influxdb.settings_from(out["INFLUXDB"], environ, f"{setting}['INFLUXDB']")
+    else:
+        out["INFLUXDB"] = None
+    prom = out["PROMETHEUS"]
+    if prom not in (None, False):
+        if prom is True:
+            prom = {}
+        if not isinstance(prom, Mapping):
+            raise ConfigurationError(f"{setting}['PROMETHEUS'] must be True or a dict, got {prom!r}")
+        unknown = sorted(set(prom) - set(PROMETHEUS_KEYS))
+        if unknown:
+            raise ConfigurationError(f"{setting}['PROMETHEUS'] has unknown keys {unknown}; "
+                                     f"known: {sorted(PROMETHEUS_KEYS)}")
+        prom = {**PROMETHEUS_KEYS, **prom}
+        if prom["REGISTRY"] not in ("own", "default"):
+            raise ConfigurationError(f"{setting}['PROMETHEUS']['REGISTRY'] must be 'own' or 'default', "
+                                     f"got {prom['REGISTRY']!r}")
+        if prom["PATH"] is not None and (not isinstance(prom["PATH"], str) or not prom["PATH"].startswith("/")):
+            raise ConfigurationError(f"{setting}['PROMETHEUS']['PATH'] must be a URL path like '/metrics'")
+        if not isinstance(prom["NAMESPACE"], str) or not prom["NAMESPACE"].isidentifier():
+            raise ConfigurationError(f"{setting}['PROMETHEUS']['NAMESPACE'] must be an identifier")
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError as exc:
+            raise ConfigurationError(f"{setting}['PROMETHEUS'] needs prometheus-client "
+                                     "(pip install 'ylock[prometheus]')") from exc
+        out["PROMETHEUS"] = prom
+    else:
+        out["PROMETHEUS"] = None
+    return out
+
+
+def configure(config: Mapping[str, Any] | None, *, setting: str = "METRICS",
+              environ: Mapping[str, str] | None = None) -> Metrics:
+    """Validate ``config``, build (or reuse) its exporters and subscribe them to lock events."""
+    from ylock.metrics.custom import CallbackExporter, import_callable
+    from ylock.metrics.influxdb import InfluxExporter
+    from ylock.metrics.prometheus import PrometheusExporter
+
+    s = validate(config, setting=setting, environ=environ)
+    tagging_key = (s["TAG_NAMES"], tuple(sorted(s["UNTAGGED_GROUPS"])))
+    tagging = Tagging(s["TAG_NAMES"], s["UNTAGGED_GROUPS"])
+    key: tuple[Any, ...]
+    with _mutex:
+        influx = prom = callbacks = None
+        if s["INFLUXDB"] is not None:
+            i = s["INFLUXDB"]
+            key = ("influxdb", tagging_key, tuple(sorted((k, repr(v)) for k, v in i.items())))
+            influx = _exporters.get(key)
+            if influx is None:
+                influx = _exporters[key] = InfluxExporter.from_config(i, tagging=tagging, environ={})
+        if s["PROMETHEUS"] is not None:
+            p = s["PROMETHEUS"]
+            # One set of metric families per registry and namespace: registering them twice fails.
+            key = ("prometheus", p["REGISTRY"], p["NAMESPACE"])
+            prom = _exporters.get(key)
+            if prom is None:
+                import prometheus_client
+
+                registry = prometheus_client.REGISTRY if p["REGISTRY"] == "default" else None
+                kwargs = {"buckets": tuple(p["BUCKETS"])} if p["BUCKETS"] else {}
+                prom = _exporters[key] = PrometheusExporter(registry, namespace=p["NAMESPACE"], tagging=tagging,
+                                                            **kwargs)
+        if s["EXPORTERS"]:
+            key = ("custom", tuple(s["EXPORTERS"]))
+            callbacks = _exporters.get(key)
+            if callbacks is None:
+                callbacks = _exporters[key] = CallbackExporter([import_callable(p, f"{setting}['EXPORTERS']")
+                                                                for p in s["EXPORTERS"]])
+        aggregator = AGGREGATOR if s["STATS"] else None
+        metrics = Metrics(aggregator, influx, prom, callbacks,
+                          s["PROMETHEUS"]["PATH"] if s["PROMETHEUS"] else None)
+        for subscriber in metrics.subscribers:
+            events.subscribe(subscriber)
+    return metrics
+
+
+def stats() -> dict[str, Any]:
+    """Return this process's aggregated lock statistics and every background exporter's counts."""
+    return {"groups": AGGREGATOR.snapshot(),
+            "exporters": {s.kind: s.stats() for s in live_shippers() if not s._closed}}
+
+
+def shutdown(timeout: float = 2.0) -> None:
+    """Unsubscribe every exporter :func:`configure` set up, flush and close them (tests, exit)."""
+    with _mutex:
+        running = list(_exporters.values())
+        _exporters.clear()
+    events.unsubscribe(AGGREGATOR)
+    for exporter in running:
+        events.unsubscribe(exporter)
+        if isinstance(exporter, Shipper):
+            exporter.close(timeout)
+
+
+def _after_fork_in_child() -> None:
+    global _mutex
+    _mutex = threading.Lock()
+    AGGREGATOR._after_fork()
+
+
+import os as _os  # noqa: E402
+
+_os.register_at_fork(after_in_child=_after_fork_in_child)

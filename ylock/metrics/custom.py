@@ -1,0 +1,58 @@
+"""Run user exporters (callables taking an :class:`~ylock.events.Event`) off the lock path.
+
+``METRICS["EXPORTERS"] = ["myapp.metrics.to_statsd"]`` imports each dotted path and
+calls it with every event, in order, from one background thread with a bounded buffer
+(:class:`~ylock.metrics.background.Shipper`): a slow or failing exporter drops and
+counts events; it never delays or fails a lock call.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Sequence
+
+from ylock.errors import ConfigurationError
+from ylock.events import Event
+from ylock.metrics.background import Shipper
+
+logger = logging.getLogger("ylock.metrics")
+
+
+def import_callable(path: str, setting: str = "METRICS['EXPORTERS']") -> Callable[[Event], object]:
+    """Import ``"package.module.attribute"`` and return it; raise ConfigurationError if that fails."""
+    if not isinstance(path, str) or "." not in path:
+        raise ConfigurationError(f"{setting}: {path!r} is not a dotted path like 'myapp.metrics.export'")
+    module_name, _, attr = path.rpartition(".")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"{setting}: cannot import {path!r}: {exc}") from exc
+    if not callable(target):
+        raise ConfigurationError(f"{setting}: {path!r} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+class CallbackExporter(Shipper):
+    """Call each of ``callbacks`` with every event, from a background thread."""
+
+    kind = "custom"
+
+    def __init__(self, callbacks: Sequence[Callable[[Event], object]], *, buffer_size: int = 10_000,
+                 batch_size: int = 500, flush_interval: float = 0.2) -> None:
+        super().__init__(buffer_size=buffer_size, batch_size=batch_size, flush_interval=flush_interval)
+        self.callbacks = tuple(callbacks)
+
+    def __repr__(self) -> str:
+        return f"<CallbackExporter {[getattr(c, '__qualname__', c) for c in self.callbacks]}>"
+
+    def ship(self, batch: list[Event]) -> None:
+        """Hand every event to every callback; raise the first error after trying them all."""
+        first: Exception | None = None
+        for event in batch:
+            for callback in self.callbacks:
+                try:
+                    callback(event)
+                except Exception as exc:  # noqa: BLE001 - counted and logged by the shipper
+                    first = first or exc
+        if first is not None:
+            raise first
