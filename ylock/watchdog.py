@@ -61,6 +61,7 @@ class Watchdog:
         self._holds: dict[int, Hold] = {}   # every live hold, renewed or not
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._wake_at = float("inf")  # when the thread means to wake up next
 
     # -- registry --------------------------------------------------------------------
 
@@ -72,11 +73,16 @@ class Watchdog:
             if not hold.engine.needs_renewal:
                 return
             item = RenewItem(hold.group, hold.name, hold.owner, mode, hold.lease)
-            self._entries[(id(hold), mode)] = _Entry(hold, item, now + min(first_renewal, hold.lease / 3), now)
-            if self._thread is None or not self._thread.is_alive():
+            due = now + min(first_renewal, hold.lease / 3)
+            self._entries[(id(hold), mode)] = _Entry(hold, item, due, now)
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ylock-watchdog", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            # Waking the thread costs a context switch (and the GIL) on the lock path: do
+            # it only if it would otherwise sleep past this hold's first renewal.
+            if due < self._wake_at:
+                self._wake_at = due
+                self._cond.notify()
 
     def remove(self, hold: Hold, mode: str) -> None:
         """Stop renewing ``hold`` in ``mode``; forget it once it holds no mode."""
@@ -121,13 +127,16 @@ class Watchdog:
                 if self._stopping:
                     return None
                 if not self._entries:
+                    self._wake_at = float("inf")
                     self._cond.wait()
                     continue
                 now = time.monotonic()
                 earliest = min(e.due for e in self._entries.values())
                 if earliest > now:
+                    self._wake_at = earliest
                     self._cond.wait(earliest - now)
                     continue
+                self._wake_at = now
                 batches: dict[Engine, list[_Entry]] = {}
                 for entry in self._entries.values():
                     if entry.due <= now + entry.item.lease / 6:

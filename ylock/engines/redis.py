@@ -60,6 +60,7 @@ def _script(name: str) -> str:
     return lua.joinpath("common.lua").read_text() + "\n" + lua.joinpath(name).read_text()
 
 
+# Script templates; each engine fills in its own constants (fewer arguments per call).
 _SOURCES = {name: _script(f"{name}.lua") for name in ("acquire", "release", "renew", "describe", "force_release")}
 
 
@@ -142,10 +143,14 @@ class RedisEngine(Engine):
                     client = self._connect()
                     # Scripts first, client last: another thread that sees the client
                     # must also see its scripts.
-                    self._scripts = {name: client.register_script(src) for name, src in _SOURCES.items()}
+                    self._scripts = {name: client.register_script(self._fill(src)) for name, src in _SOURCES.items()}
                     self._client = client
                 client = self._client
         return client
+
+    def _fill(self, template: str) -> str:
+        return (template.replace("__RETENTION_MS__", str(self.fence_retention_ms))
+                .replace("__BARGE_MS__", str(self.barge_window_ms)))
 
     def _common_options(self) -> dict[str, Any]:
         # One retry on a connection error only: a pooled socket that died with a server
@@ -240,19 +245,19 @@ class RedisEngine(Engine):
     def _base(self, group: str, name: str) -> str:
         return f"{self.prefix}:{{{group}:{name}}}"
 
-    @staticmethod
-    def _keys(base: str) -> list[str]:
-        return [f"{base}:x", f"{base}:s", f"{base}:q", f"{base}:m", f"{base}:t", f"{base}:f"]
+    def _key(self, group: str, name: str) -> str:
+        """The lock's x key: every script takes it as KEYS[1] and derives the others."""
+        return f"{self.prefix}:{{{group}:{name}}}:x"
 
     # -- ownership ------------------------------------------------------------------------
 
     def acquire(self, request: AcquireRequest) -> int | None:
         r = request
         base = self._base(r.group, r.name)
-        keys = self._keys(base)
+        keys = [f"{base}:x"]
         waiter_lease = r.polling.waiter_lease
-        args = [r.owner, r.mode, int(r.lease * 1000), "1" if r.fair else "0", int(waiter_lease * 1000),
-                "1", self.fence_retention_ms, self.barge_window_ms, base]
+        fair = "1" if r.fair else "0"
+        args = [r.owner, r.mode, fair + "10", int(r.lease * 1000), int(waiter_lease * 1000)]
         intervals = r.polling.intervals()
         notify_key = f"{base}:n:{r.owner}"
         unreachable_since: float | None = None
@@ -260,7 +265,7 @@ class RedisEngine(Engine):
         while True:
             now = time.monotonic()
             last_try = r.deadline is not None and now >= r.deadline
-            args[5] = "0" if last_try else "1"
+            args[2] = fair + ("0" if last_try else "1") + ("1" if queued else "0")
             try:
                 with self._errors(r.group, r.name):
                     reply, acked = self._acquire_call(keys, args)
@@ -279,9 +284,9 @@ class RedisEngine(Engine):
                 token = int(reply[1])
                 self._confirm(r, acked)
                 return token
+            queued = True
             if last_try:
                 return None
-            queued = True
             wait = min(next(intervals), max(0.001, int(reply[1]) / 1000))
             if r.deadline is not None:
                 wait = min(wait, max(0.0, r.deadline - time.monotonic()))
@@ -347,7 +352,7 @@ class RedisEngine(Engine):
     def release(self, group: str, name: str, owner: str, mode: str) -> bool:
         base = self._base(group, name)
         with self._errors(group, name):
-            reply = self._run("release", self._keys(base), [owner, mode, self.fence_retention_ms, base])
+            reply = self._run("release", [f"{base}:x"], [owner, mode])
         return bool(reply[0])
 
     def renew(self, items: Sequence[RenewItem]) -> list[bool | None]:
@@ -366,8 +371,7 @@ class RedisEngine(Engine):
                         pipe = node_client.pipeline(transaction=False)
                         for index in chunk:
                             item = items[index]
-                            base = self._base(item.group, item.name)
-                            self._scripts["renew"](keys=[f"{base}:x", f"{base}:s", f"{base}:t"],
+                            self._scripts["renew"](keys=[self._key(item.group, item.name)],
                                                    args=[item.owner, item.mode, int(item.lease * 1000)], client=pipe)
                         replies = pipe.execute(raise_on_error=False)
                     for index, reply in zip(chunk, replies):
@@ -403,7 +407,7 @@ class RedisEngine(Engine):
     def _describe_one(self, base: str) -> LockInfo | None:
         tag = base[len(self.prefix) + 2:-1]
         group, _, name = tag.partition(":")
-        writer, writer_ttl, shared, queue, modes, tokens, now = self._run("describe", self._keys(base)[:5], [])
+        writer, writer_token, writer_ttl, shared, queue, modes, tokens, now = self._run("describe", [f"{base}:x"], [])
         dec = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
         writer = dec(writer)
         if not writer and not shared and not queue:
@@ -412,7 +416,7 @@ class RedisEngine(Engine):
         mode_of = {dec(modes[i]): dec(modes[i + 1]) for i in range(0, len(modes), 2)}
         waiters = tuple(f"{mode_of.get(dec(o), '?')}:{dec(o)}" for o in queue)
         if writer:
-            return LockInfo(group, name, WRITE, (writer,), waiters, max(0, writer_ttl) / 1000, token_of.get(writer))
+            return LockInfo(group, name, WRITE, (writer,), waiters, max(0, writer_ttl) / 1000, int(writer_token))
         if shared:
             owners = tuple(sorted(dec(shared[i]) for i in range(0, len(shared), 2)))
             ttl = (max(float(shared[i]) for i in range(1, len(shared), 2)) - now) / 1000
@@ -423,7 +427,7 @@ class RedisEngine(Engine):
     def force_release(self, group: str, name: str) -> bool:
         base = self._base(group, name)
         with self._errors(group, name):
-            return bool(self._run("force_release", self._keys(base)[:5], []))
+            return bool(self._run("force_release", [f"{base}:x"], []))
 
 
 def _parse_bool(raw: str) -> bool:

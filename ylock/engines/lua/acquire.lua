@@ -1,55 +1,66 @@
 -- acquire.lua: try to acquire; otherwise join (or stay in) the queue, or leave it.
--- KEYS[1..6] = x, s, q, m, t, f (see common.lua)
--- ARGV[1] owner            ARGV[2] mode: "write" | "read"
--- ARGV[3] lease ms         ARGV[4] fair: "1" | "0"
--- ARGV[5] waiter lease ms  ARGV[6] "1": stay queued if not acquired; "0": last try, leave the queue
--- ARGV[7] fence retention ms  ARGV[8] barge window ms (non-fair)  ARGV[9] key base (for w:/n: keys)
+-- KEYS[1] = the lock's x key (see common.lua)
+-- ARGV[1] owner   ARGV[2] mode: "write" | "read"
+-- ARGV[3] flags: three characters "1"/"0": fair, stay (wait in the queue if not acquired;
+--         "0" is the last try: leave the queue), queued (the owner may be in the queue)
+-- ARGV[4] lease ms   ARGV[5] waiter lease ms
 -- Returns {1, token, evicted...} when the owner holds the lock (acquired now, granted by a
 -- releaser meanwhile, or a writer downgrading), else {0, ms the holders' leases still run, evicted...}.
-local K = {x = KEYS[1], s = KEYS[2], q = KEYS[3], m = KEYS[4], t = KEYS[5], f = KEYS[6], base = ARGV[9]}
-local o, mode, lease, fair = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1'
-local wlease, stay, retention, barge = tonumber(ARGV[5]), ARGV[6] == '1', tonumber(ARGV[7]), tonumber(ARGV[8])
+local o, mode, lease, wlease = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[5])
+local fair = string.sub(ARGV[3], 1, 1) == '1'
+local stay = string.sub(ARGV[3], 2, 2) == '1'
+local queued = string.sub(ARGV[3], 3, 3) == '1'
 local now, now_us = clock()
-redis.call('ZREMRANGEBYSCORE', K.s, '-inf', now)
-local evicted = {}
+local writer, wtok = writer_of()
 
+-- Fast path: nobody holds the lock in a conflicting mode and nobody waits.
+if not writer and not queued and redis.call('LLEN', K.q) == 0 then
+  if mode == 'read' then return {1, grant_read(o, lease, now, now_us)} end
+  if redis.call('EXISTS', K.s) == 0 then return {1, grant_write(o, lease, now_us)} end
+end
+
+expire_readers(now)
+local evicted = {}
 local function done(status, value)
   local out = {status, value}
   for _, e in ipairs(evicted) do table.insert(out, e) end
   return out
 end
 
--- Granted by a releaser while we waited (or a writer downgrading to read).
-local writer = redis.call('GET', K.x)
-if (mode == 'write' and writer == o) or (mode == 'read' and redis.call('ZSCORE', K.s, o)) then
-  dequeue(K, o)
-  redis.call('DEL', K.base .. ':n:' .. o)
-  local tok = grant(K, o, mode, lease, now, now_us, retention)
-  return done(1, tok)
+-- Granted by a releaser while we waited: take it with our full lease.
+if mode == 'write' and writer == o then
+  dequeue(o)
+  return done(1, grant_write(o, lease, now_us, wtok))
 end
+if mode == 'read' and redis.call('ZSCORE', K.s, o) then
+  dequeue(o)
+  return done(1, grant_read(o, lease, now, now_us))
+end
+-- A writer downgrading: it may always read, with its own token.
 if mode == 'read' and writer == o then
-  return done(1, grant(K, o, mode, lease, now, now_us, retention))
+  return done(1, grant_read(o, lease, now, now_us, wtok))
 end
 
-live_head(K, evicted)
-if may_enter(K, o, mode, fair, now, barge) then
-  dequeue(K, o)
-  redis.call('DEL', K.base .. ':n:' .. o)
-  local tok = grant(K, o, mode, lease, now, now_us, retention)
-  if mode == 'read' then dispatch(K, now, now_us, retention, evicted) end
+live_head(evicted)
+if may_enter(writer, o, mode, fair, now) then
+  if queued then dequeue(o) end
+  local tok
+  if mode == 'write' then tok = grant_write(o, lease, now_us) else
+    tok = grant_read(o, lease, now, now_us)
+    dispatch(now, now_us, evicted)     -- the readers queued behind may enter with us
+  end
   return done(1, tok)
 end
 
 if stay then
-  if not redis.call('LPOS', K.q, o) then
+  if not queued or not redis.call('LPOS', K.q, o) then
     redis.call('RPUSH', K.q, o)
-    redis.call('HSET', K.m, o, mode .. '|' .. ARGV[3] .. '|' .. fmt(now) .. '|' .. ARGV[5] .. '|' .. ARGV[4])
+    redis.call('HSET', K.m, o, mode .. '|' .. ARGV[4] .. '|' .. fmt(now) .. '|' .. ARGV[5] .. '|' ..
+               string.sub(ARGV[3], 1, 1))
   end
-  redis.call('SET', K.base .. ':w:' .. o, '1', 'PX', wlease)
+  redis.call('SET', base .. ':w:' .. o, '1', 'PX', wlease)
 else
-  dequeue(K, o)
-  redis.call('DEL', K.base .. ':n:' .. o)
-  -- leaving the head of the queue may let the next waiters in
-  dispatch(K, now, now_us, retention, evicted)
+  dequeue(o)
+  dispatch(now, now_us, evicted)       -- leaving the head of the queue may let others in
 end
-return done(0, blocked_for(K, now))
+return done(0, blocked_for(now))

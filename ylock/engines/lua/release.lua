@@ -1,30 +1,30 @@
 -- release.lua: release one owner's hold in one mode, then hand the lock to the queue.
--- KEYS[1..6] = x, s, q, m, t, f (see common.lua)
--- ARGV[1] owner  ARGV[2] mode: "write" | "read"  ARGV[3] fence retention ms  ARGV[4] key base
+-- KEYS[1] = the lock's x key (see common.lua)
+-- ARGV[1] owner  ARGV[2] mode: "write" | "read"
 -- Returns {1 if the owner still held it (else 0: its lease had run out), evicted...}.
-local K = {x = KEYS[1], s = KEYS[2], q = KEYS[3], m = KEYS[4], t = KEYS[5], f = KEYS[6], base = ARGV[4]}
-local o, mode, retention = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local now, now_us = clock()
-redis.call('ZREMRANGEBYSCORE', K.s, '-inf', now)
+local o, mode = ARGV[1], ARGV[2]
 local held = 0
 if mode == 'write' then
-  if redis.call('GET', K.x) == o then
+  if writer_of() == o then
     redis.call('DEL', K.x)
     held = 1
   end
-elseif redis.call('ZREM', K.s, o) == 1 then
-  held = 1
-  extend_shared(K, now)
+else
+  local deadline = redis.call('ZSCORE', K.s, o)
+  if deadline then
+    redis.call('ZREM', K.s, o)
+    redis.call('HDEL', K.t, o)
+    local now = clock()
+    if tonumber(deadline) > now then held = 1 end
+    extend_shared(now)
+  end
 end
-if redis.call('GET', K.x) ~= o and not redis.call('ZSCORE', K.s, o) then
-  redis.call('HDEL', K.t, o)
-end
+if redis.call('LLEN', K.q) == 0 then return {held} end   -- nobody to hand the lock to
+
+local now, now_us = clock()
+expire_readers(now)
 local evicted = {}
-dispatch(K, now, now_us, retention, evicted)
--- Nobody holds it: forget the tokens of holders that died without releasing.
-if redis.call('EXISTS', K.x) == 0 and redis.call('ZCARD', K.s) == 0 then
-  redis.call('DEL', K.t)
-end
+dispatch(now, now_us, evicted)
 local out = {held}
 for _, e in ipairs(evicted) do table.insert(out, e) end
 return out
