@@ -1,0 +1,171 @@
+"""Prometheus and user exporters, the in-process aggregator, and settings validation."""
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+import ylock
+import ylock.metrics
+from tests.helpers import Runner, collect
+from ylock.events import Event
+from ylock.metrics.aggregator import Aggregator, Reservoir
+
+received: list[Event] = []
+gate = threading.Event()
+
+
+def record(event: Event) -> None:
+    """A user exporter (configured by dotted path below)."""
+    received.append(event)
+
+
+def slow(event: Event) -> None:
+    """A user exporter that hangs until the test lets it go."""
+    gate.wait(30)
+
+
+def broken(event: Event) -> None:
+    raise RuntimeError("exporter bug")
+
+
+def contend(engine: ylock.Engine, group: str) -> None:
+    """Produce acquired, timed_out and released events (write) plus a read hold."""
+    lock = ylock.Lock(engine, group, "global")
+    with lock.write():
+        contender = Runner(lambda: ylock.Lock(engine, group, "global").try_lock(0.02))
+        contender.start()
+        assert contender.outcome() is False
+    with lock.read():
+        pass
+
+
+def test_prometheus_counts_events_and_observes_spans(group: str) -> None:
+    metrics = ylock.metrics.configure({"PROMETHEUS": {"NAMESPACE": "locks"}})
+    contend(ylock.engine_from_url("local://"), group)
+    registry = metrics.prometheus.registry
+    labels = {"group": group, "name": "global", "engine": "local", "mode": "write"}
+    assert registry.get_sample_value("locks_events_total", {**labels, "outcome": "acquired"}) == 1
+    assert registry.get_sample_value("locks_events_total", {**labels, "outcome": "timed_out"}) == 1
+    assert registry.get_sample_value("locks_events_total", {**labels, "mode": "read", "outcome": "released"}) == 1
+    assert registry.get_sample_value("locks_wait_seconds_count", {**labels, "outcome": "timed_out"}) == 1
+    assert registry.get_sample_value("locks_wait_seconds_sum", {**labels, "outcome": "timed_out"}) >= 0.02
+    assert registry.get_sample_value("locks_hold_seconds_count", labels) == 1
+    assert registry.get_sample_value("locks_hold_seconds_sum", labels) >= 0.02
+    body, content_type = metrics.prometheus.expose()
+    assert content_type.startswith("text/plain") and f'group="{group}"'.encode() in body
+
+
+def test_prometheus_on_the_default_registry_is_built_once(group: str) -> None:
+    import prometheus_client
+
+    first = ylock.metrics.configure({"PROMETHEUS": {"REGISTRY": "default", "NAMESPACE": "ylock_default"}})
+    second = ylock.metrics.configure({"PROMETHEUS": {"REGISTRY": "default", "NAMESPACE": "ylock_default"}})
+    assert first.prometheus is second.prometheus and first.prometheus.registry is prometheus_client.REGISTRY
+    with ylock.Lock(ylock.engine_from_url("local://"), group):
+        pass
+    assert prometheus_client.REGISTRY.get_sample_value(
+        "ylock_default_events_total",
+        {"group": group, "name": "global", "engine": "local", "mode": "write", "outcome": "released"}) == 1
+
+
+def test_user_exporters_run_off_the_lock_path(group: str) -> None:
+    received.clear()
+    gate.clear()
+    metrics = ylock.metrics.configure({"EXPORTERS": [f"{__name__}.record", f"{__name__}.slow"]})
+    engine = ylock.engine_from_url("local://")
+    started = time.perf_counter()
+    with collect() as seen:
+        for _ in range(20):
+            with ylock.Lock(engine, group):
+                pass
+    # ``slow`` blocks its thread on the first event, yet 20 lock cycles did not wait for it.
+    assert time.perf_counter() - started < 1.0
+    assert len(received) <= 1
+    gate.set()
+    assert metrics.flush(10)
+    assert received == seen and len(seen) == 40
+
+
+def test_a_failing_user_exporter_is_counted_not_raised(group: str) -> None:
+    metrics = ylock.metrics.configure({"EXPORTERS": [f"{__name__}.broken"]})
+    with ylock.Lock(ylock.engine_from_url("local://"), group):
+        pass
+    assert metrics.flush(10)
+    stats = metrics.custom.stats()
+    assert stats["failed"] == 2 and stats["last_error"] == "RuntimeError: exporter bug"
+
+
+def test_the_aggregator_summarises_per_group(group: str) -> None:
+    metrics = ylock.metrics.configure({})
+    contend(ylock.engine_from_url("local://"), group)
+    with ylock.Locks(ylock.engine_from_url("local://"), group + "x").write("a"):
+        pass
+    groups = ylock.metrics.stats()["groups"]
+    assert groups is not None and metrics.aggregator is ylock.metrics.AGGREGATOR
+    mine = groups[group]
+    assert mine["counts"] == {"acquired": 2, "released": 2, "timed_out": 1}
+    assert mine["wait"]["count"] == 3 and mine["wait"]["max"] >= 0.02
+    assert mine["hold"]["count"] == 2 and mine["hold"]["p99"] == mine["hold"]["max"] >= 0.02
+    assert groups[group + "x"]["counts"] == {"acquired": 1, "released": 1}
+
+
+def test_reservoir_percentiles_and_bounded_memory() -> None:
+    reservoir = Reservoir(size=1000, rng=random.Random(7))
+    for i in range(1, 101):
+        reservoir.add(i / 1000)
+    assert reservoir.percentile(50) == 0.05 and reservoir.percentile(99) == 0.099
+    assert reservoir.summary()["max"] == 0.1 and reservoir.summary()["count"] == 100
+    for _ in range(100_000):
+        reservoir.add(random.random())
+    assert len(reservoir.sample) == 1000 and reservoir.count == 100_100
+    assert reservoir.percentile(50) == pytest.approx(0.5, abs=0.06)   # a uniform sample of U(0, 1)
+
+
+def test_the_aggregator_is_thread_safe() -> None:
+    aggregator = Aggregator(reservoir_size=64)
+    event = Event("released", "g", "n", "local", "write", hold=0.01)
+
+    def hammer() -> None:
+        for _ in range(5000):
+            aggregator(event)
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    snap = aggregator.snapshot()["g"]
+    assert snap["counts"] == {"released": 20_000} and snap["hold"]["count"] == 20_000
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"INFLUX": {}}, r"METRICS has unknown keys \['INFLUX'\]"),
+    ({"INFLUXDB": {"URL": "influx:8086", "ORG": "o", "BUCKET": "b"}}, r"METRICS\['INFLUXDB'\]\['URL'\]"),
+    ({"INFLUXDB": {"URL": "http://x", "ORG": "o"}}, r"METRICS\['INFLUXDB'\]\['BUCKET'\]"),
+    ({"INFLUXDB": {"URL": "http://x", "ORG": "o", "BUCKET": "b", "BATCH": 1}}, r"unknown keys \['BATCH'\]"),
+    ({"INFLUXDB": {"URL": "http://x", "ORG": "o", "BUCKET": "b", "BUFFER_SIZE": 0}}, r"\['BUFFER_SIZE'\]"),
+    ({"EXPORTERS": "a.b"}, r"METRICS\['EXPORTERS'\] must be a list"),
+    ({"EXPORTERS": ["nowhere.export"]}, r"cannot import 'nowhere.export'"),
+    ({"PROMETHEUS": {"REGISTRY": "mine"}}, r"\['REGISTRY'\] must be 'own' or 'default'"),
+    ({"TAG_NAMES": "no"}, r"\['TAG_NAMES'\] must be True or False"),
+    ({"UNTAGGED_GROUPS": "users"}, r"\['UNTAGGED_GROUPS'\] must be a list"),
+])
+def test_invalid_settings_name_the_setting(config: dict[str, object], message: str) -> None:
+    with pytest.raises(ylock.ConfigurationError, match=message):
+        ylock.metrics.validate(config, environ={})
+
+
+def test_setting_names_follow_the_caller() -> None:
+    with pytest.raises(ylock.ConfigurationError, match=r"^YLOCK_METRICS\['INFLUXDB'\]\['ORG'\]"):
+        ylock.metrics.validate({"INFLUXDB": {"URL": "http://x"}}, setting="YLOCK_METRICS", environ={})
+
+
+def test_closed_exporters_drop_nothing_into_memory(group: str) -> None:
+    metrics = ylock.metrics.configure({"EXPORTERS": [f"{__name__}.record"]})
+    exporter = metrics.custom
+    ylock.metrics.shutdown()
+    exporter(Event("acquired", group, "n", "local", "write"))
+    assert exporter.stats()["queued"] == 0 and exporter not in ylock.events._subscribers
+    assert exporter._thread is None
