@@ -29,7 +29,7 @@ from ylock import events
 from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, validate_common
 from ylock.errors import LockLost, LockNotOwned, LockTimeout, LockUpgradeError
 from ylock.keys import check_group, check_name
-from ylock.owner import current_owner, new_owner, owner_scope
+from ylock.owner import current_owner, run_as, task_owner
 from ylock.waiting import DEFAULT_POLLING, Polling
 from ylock.watchdog import WATCHDOG
 
@@ -290,9 +290,10 @@ class Lock:
 class Guard:
     """Holds a lock in one mode for a ``with`` block, or around every call of a function.
 
-    As a decorator it works on plain functions and on coroutine functions; a coroutine
-    runs its blocking acquire and release in a worker thread under one owner scope, so
-    the event loop keeps running while it waits.
+    As a decorator it works on plain functions and on coroutine functions. In a coroutine
+    (and with ``async with``) the owner is the asyncio task, so two tasks exclude each
+    other and one task may re-enter; the blocking acquire and release run in a worker
+    thread, so the event loop keeps running while it waits.
     """
 
     __slots__ = ("_lock", "_mode", "_timeout")
@@ -310,20 +311,22 @@ class Guard:
                  tb: TracebackType | None) -> None:
         self._lock._release(self._mode)
 
+    # In asyncio the owner is the task (see ylock.owner.task_owner): the blocking calls
+    # run in a worker thread, on behalf of the task that awaits them.
+
     async def __aenter__(self) -> Lock:
-        await asyncio.to_thread(self._lock._acquire, self._mode, self._timeout, True)
+        await asyncio.to_thread(run_as, task_owner(), self._lock._acquire, self._mode, self._timeout, True)
         return self._lock
 
     async def __aexit__(self, *exc: object) -> None:
-        await asyncio.to_thread(self._lock._release, self._mode)
+        await asyncio.to_thread(run_as, task_owner(), self._lock._release, self._mode)
 
     def __call__(self, func: F) -> F:
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with owner_scope(new_owner()):
-                    async with self:
-                        return await func(*args, **kwargs)
+                async with self:
+                    return await func(*args, **kwargs)
             return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(func)

@@ -7,18 +7,23 @@ release may run on different threads and still be the same owner.
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import socket
 import threading
 import uuid
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
 _scoped: ContextVar[str | None] = ContextVar("ylock_owner", default=None)
 _local = threading.local()
 _ids = itertools.count(1)
+# Owner ids of asyncio tasks. Not a context variable: tasks copy their parent's context,
+# so an id set in a parent would be shared by all its children.
+_task_owners: weakref.WeakKeyDictionary[asyncio.Task[object], str] = weakref.WeakKeyDictionary()
 
 
 def _new_process_id() -> str:
@@ -49,6 +54,33 @@ def current_owner() -> str:
     except AttributeError:
         owner = _local.owner = new_owner()
         return owner
+
+
+def task_owner() -> str:
+    """Return the owner id of the running asyncio task (its owner scope if it has one,
+    else an id of its own); outside a task, the thread's."""
+    scoped = _scoped.get()
+    if scoped is not None:
+        return scoped
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    if task is None:
+        return current_owner()
+    owner = _task_owners.get(task)
+    if owner is None:
+        owner = _task_owners[task] = new_owner()
+    return owner
+
+
+def run_as(owner: str, func: Callable[..., object], *args: object) -> object:
+    """Call ``func(*args)`` as ``owner`` (used to run blocking lock calls in a worker thread)."""
+    token = _scoped.set(owner)
+    try:
+        return func(*args)
+    finally:
+        _scoped.reset(token)
 
 
 @contextmanager

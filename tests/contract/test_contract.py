@@ -388,3 +388,26 @@ def test_locks_family_and_decorators(engine, group):
         return True
     assert asyncio.run(ajob()) is True
     assert other_thread(lambda: locks.try_lock("job")) is True
+
+
+def test_asyncio_tasks_are_owners(engine, group):
+    lock = make(engine, group)
+    inside: list[str] = []
+
+    @lock.write(timeout=10)
+    async def critical(tag: str) -> None:
+        inside.append(f"+{tag}")
+        await asyncio.sleep(0.05)          # the other task must not get in meanwhile
+        inside.append(f"-{tag}")
+
+    @lock.write(timeout=1)
+    async def outer() -> bool:
+        async with lock.write(timeout=1):  # the same task re-enters: no deadlock
+            return True
+
+    async def main() -> bool:
+        await asyncio.gather(critical("a"), critical("b"))
+        return await outer()
+    assert asyncio.run(main()) is True
+    assert inside in (["+a", "-a", "+b", "-b"], ["+b", "-b", "+a", "-a"])
+    assert other_thread(lambda: make(engine, group).try_lock()) is True
