@@ -397,7 +397,9 @@ class RedisEngine(Engine):
         pattern = f"{self.prefix}:{{{_glob_escape(group)}:*" if group else f"{self.prefix}:{{*"
         infos = []
         with self._errors(group):
-            bases = sorted({key.rsplit("}", 1)[0] + "}" for key in self._scan(pattern)})
+            # A lock whose only key is its fence is free and unqueued: skip it without a
+            # round trip (fences outnumber live locks by far).
+            bases = sorted({key.rsplit("}", 1)[0] + "}" for key in self._scan(pattern) if not key.endswith("}:f")})
             for base in bases:
                 info = self._describe_one(base)
                 if info is not None:
