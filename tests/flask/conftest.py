@@ -42,9 +42,10 @@ class LiveServer:
         self.thread.start()
 
     def request(self, method: str, path: str, headers: dict[str, str] | None = None,
-                timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
-        req = urllib.request.Request(self.url + path, method=method, headers=headers or {},
-                                     data=b"" if method == "POST" else None)
+                timeout: float = 10, data: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+        if data is None and method == "POST":
+            data = b""
+        req = urllib.request.Request(self.url + path, method=method, headers=headers or {}, data=data)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as response:
                 return response.status, dict(response.headers), response.read()
