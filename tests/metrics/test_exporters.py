@@ -83,10 +83,11 @@ def test_user_exporters_run_off_the_lock_path(group: str) -> None:
                 pass
     # ``slow`` blocks its thread on the first event, yet 20 lock cycles did not wait for it.
     assert time.perf_counter() - started < 1.0
-    assert len(received) <= 1
+    assert len(received) <= 1   # only what ``record`` saw before ``slow`` hung the thread
     gate.set()
     assert metrics.flush(10)
-    assert received == seen and len(seen) == 40
+    mine = [e for e in seen if e.group == group]
+    assert [e for e in received if e.group == group] == mine and len(mine) == 40
 
 
 def test_a_failing_user_exporter_is_counted_not_raised(group: str) -> None:
@@ -95,7 +96,7 @@ def test_a_failing_user_exporter_is_counted_not_raised(group: str) -> None:
         pass
     assert metrics.flush(10)
     stats = metrics.custom.stats()
-    assert stats["failed"] == 2 and stats["last_error"] == "RuntimeError: exporter bug"
+    assert stats["failed"] >= 2 and stats["shipped"] == 0 and stats["last_error"] == "RuntimeError: exporter bug"
 
 
 def test_the_aggregator_summarises_per_group(group: str) -> None:
