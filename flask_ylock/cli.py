@@ -42,8 +42,9 @@ def _describe(engine: ylock.Engine, group: str | None) -> list[LockInfo]:
 
 def _report() -> Any:
     try:
-        from ylock import report  # the table/JSON formatting shared with the Django command
-        return report
+        import importlib
+        # The table/JSON formatting shared with the Django command, once it is there.
+        return importlib.import_module("ylock.report")
     except ImportError:
         return None
 

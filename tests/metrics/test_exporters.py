@@ -170,3 +170,25 @@ def test_closed_exporters_drop_nothing_into_memory(group: str) -> None:
     exporter(Event("acquired", group, "n", "local", "write"))
     assert exporter.stats()["queued"] == 0 and exporter not in ylock.events._subscribers
     assert exporter._thread is None
+
+
+def test_the_grafana_dashboard_queries_what_the_exporter_writes() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    import ylock.metrics as package
+
+    path = Path(package.__file__).parent / "grafana" / "ylock-dashboard.json"
+    dashboard = json.loads(path.read_text())
+    queries = [t["query"] for p in dashboard["panels"] for t in p["targets"]]
+    assert len(queries) >= 8
+    for query in queries:
+        [field] = re.findall(r'r\._field == "(\w+)"', query)
+        assert field in ("count", "wait", "hold", "release")
+        for outcome in re.findall(r'r\.outcome == "(\w+)"', query):
+            assert outcome in ylock.events.KINDS
+        assert 'contains(value: r.group, set: ${group:json})' in query
+    titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
+    for needed in ("wait", "hold", "acquisitions", "timeouts", "lost"):
+        assert needed in titles

@@ -130,11 +130,12 @@ class InfluxExporter(Shipper):
 
     def point(self, event: Event) -> Any:
         """Return the ``influxdb_client.Point`` of ``event``."""
-        from influxdb_client.client.write.point import Point
+        from influxdb_client.client.write import point as point_module
         from influxdb_client.domain.write_precision import WritePrecision
 
         group, name, engine, mode, outcome = self.tagging.labels(event)
-        point = Point(self.measurement)
+        point_class: Any = point_module.Point   # untyped library code
+        point = point_class(self.measurement)
         for key, value in self.static_tags.items():
             point.tag(key, value)
         point.tag("group", group).tag("name", name).tag("engine", engine).tag("mode", mode).tag("outcome", outcome)
