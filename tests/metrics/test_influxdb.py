@@ -218,3 +218,18 @@ def test_closing_flushes_what_is_buffered(victoria_metrics: VictoriaMetrics, gro
     assert exporter.stats()["shipped"] >= 400 and exporter.stats()["queued"] == 0
     series = victoria_metrics.export(f'{{__name__="ylock_count", group="{group}"}}', samples=400)
     assert sum(sum(s["values"]) for s in series) == 400
+
+
+def test_lost_locks_on_redis_are_exported(victoria_metrics: VictoriaMetrics, redis_engine: ylock.Engine,
+                                          group: str) -> None:
+    metrics = ylock.metrics.configure({"INFLUXDB": influx(victoria_metrics.url)})
+    lock = ylock.Lock(redis_engine, group, "ledger")
+    lock.lock(timeout=5)
+    assert redis_engine.force_release(group, "ledger")   # an operator's `ylock release`
+    with pytest.raises(ylock.LockLost):
+        lock.unlock()
+    assert metrics.flush(10)
+    series = by_name(victoria_metrics.export(f'{{__name__="ylock_count", group="{group}"}}', samples=3))
+    assert {key[1] for key in series} == {"acquired", "released", "lost"}
+    [lost] = next(v for k, v in series.items() if k[1] == "lost")
+    assert lost["metric"]["engine"] == "redis" and lost["metric"]["name"] == "ledger"
