@@ -33,9 +33,9 @@ ylock = YLock()
 ACCOUNTS = {1: 1000, 2: 1000, 3: 1000}
 
 
-def create_app(config: dict[str, Any] | None = None) -> Flask:
+def create_app(config: dict[str, Any] | None = None, instance_path: str | None = None) -> Flask:
     """Build the demo app (``config`` overrides, e.g. ``YLOCK_URL`` or ``DATABASE``)."""
-    app = Flask(__name__, instance_relative_config=True)
+    app = Flask(__name__, instance_path=instance_path)
     app.config.update(
         SECRET_KEY=os.environ.get("SECRET_KEY", "dev"),
         DATABASE=os.path.join(app.instance_path, "accounts.sqlite3"),

@@ -17,7 +17,7 @@ def make_example(redis_server, group: str, tmp_path, timeout: float = 5):
     return create_app({
         "TESTING": True, "YLOCK_URL": redis_server.url, "DATABASE": str(tmp_path / "accounts.sqlite3"),
         "YLOCK_LOCKS": {"accounts": {"GROUP": group, "TIMEOUT": timeout}}, "TRANSFER_DELAY": 0.002,
-    })
+    }, instance_path=str(tmp_path / "instance"))
 
 
 def test_concurrent_transfers_and_deposits_keep_the_books(redis_server, live, group: str, tmp_path) -> None:
