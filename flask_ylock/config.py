@@ -23,6 +23,7 @@ from typing import Any
 from flask import Flask
 
 from ylock.errors import ConfigurationError
+from ylock.registry import Registry
 
 DEFAULT_ENGINE = "default"
 USER_LOCK_KEYS = {"LOCK": "users", "PATHS": ["/"], "EXCLUDE": [], "TIMEOUT": 5.0}
@@ -76,10 +77,6 @@ def user_lock_settings(app: Flask) -> dict[str, Any] | None:
     return out
 
 
-def make_registry(settings: Mapping[str, Any], prefix: str = "YLOCK_") -> Any:
-    """Build the registry of engines and named locks (``ylock.registry.Registry``)."""
-    try:
-        from ylock.registry import Registry
-    except ImportError:  # the shared registry has not landed in this checkout yet
-        from flask_ylock._registry import Registry
+def make_registry(settings: Mapping[str, Any]) -> Registry:
+    """Build the registry of engines and named locks shared with the Django plugin."""
     return Registry(settings)

@@ -92,15 +92,15 @@ class YLock:
 
     def lock(self, name: str) -> ylock.Lock:
         """Return the named :class:`ylock.Lock` of the current app (``YLOCK_LOCKS[name]``, or defaults)."""
-        return self.state().registry.lock(name)  # type: ignore[no-any-return]
+        return self.state().registry.lock(name)
 
     def locks(self, name: str) -> ylock.Locks:
         """Return the named :class:`ylock.Locks` family of the current app."""
-        return self.state().registry.locks(name)  # type: ignore[no-any-return]
+        return self.state().registry.locks(name)
 
     def engine(self, alias: str = "default") -> ylock.Engine:
         """Return the current app's engine ``alias``."""
-        return self.state().registry.engine(alias)  # type: ignore[no-any-return]
+        return self.state().registry.engine(alias)
 
     # -- the view decorator -------------------------------------------------------------
 

@@ -31,11 +31,13 @@ def test_list_shows_holders_and_waiters(make_app, group: str) -> None:
     result = runner.invoke(args=["ylock", "list", "--group", group, "--json"])
     assert result.exit_code == 0
     [info] = json.loads(result.output)
-    assert info["group"] == group and info["name"] == "acct-1" and info["mode"] == "write"
-    assert info["owners"] == [current_owner()] and len(info["waiters"]) == 1 and info["token"] == lock.token
+    assert info["engine"] == "default" and info["group"] == group and info["name"] == "acct-1"
+    assert info["mode"] == "write" and info["owners"] == [current_owner()] and info["token"] == lock.token
+    [queued] = info["waiters"]
+    assert queued.startswith("write:")
     table = runner.invoke(args=["ylock", "list", "--group", group]).output.splitlines()
-    assert table[0].split() == ["GROUP", "NAME", "MODE", "OWNERS", "WAITERS", "TTL", "TOKEN"]
-    assert table[1].split()[:5] == [group, "acct-1", "write", current_owner(), "1"]
+    assert table[0].split() == ["ENGINE", "GROUP", "NAME", "MODE", "OWNERS", "WAITERS", "TTL", "TOKEN"]
+    assert table[1].split()[:6] == ["default", group, "acct-1", "write", current_owner(), queued]
     lock.unlock()
     assert waiter.outcome() is True
 
@@ -52,10 +54,14 @@ def test_inspect_one_lock(make_app, group: str) -> None:
     try:
         result = runner.invoke(args=["ylock", "inspect", group, "acct-2"])
         assert result.exit_code == 0
-        assert f"lock:    {group}/acct-2" in result.output and "mode:    read" in result.output
-        assert json.loads(runner.invoke(args=["ylock", "inspect", group, "acct-2", "--json"]).output)["mode"] == "read"
+        lines = result.output.splitlines()
+        assert lines[0] == f"{group}/acct-2 on default" and lines[1].split() == ["mode:", "read"]
+        assert lines[2].split() == ["owners:", current_owner()]
+        as_json = json.loads(runner.invoke(args=["ylock", "inspect", group, "acct-2", "--json"]).output)
+        assert as_json["mode"] == "read" and as_json["engine"] == "default"
         missing = runner.invoke(args=["ylock", "inspect", group, "nope"])
-        assert missing.exit_code == 1 and f"lock {group}/nope is neither held nor waited for" in missing.output
+        assert missing.exit_code == 0 and missing.output.strip() == f"{group}/nope on default: free, nobody waiting"
+        assert runner.invoke(args=["ylock", "inspect", group, "nope", "--json"]).output.strip() == "null"
     finally:
         lock.runlock()
 
@@ -98,4 +104,4 @@ def test_an_unreachable_engine_is_a_clear_error(make_app) -> None:
     result = app.test_cli_runner().invoke(args=["ylock", "list"])
     assert result.exit_code == 1 and "is unreachable" in result.output
     unknown = app.test_cli_runner().invoke(args=["ylock", "list", "--engine", "nope"])
-    assert unknown.exit_code == 1 and "nope" in unknown.output
+    assert unknown.exit_code == 1 and "no engine 'nope' in ENGINES" in unknown.output
