@@ -1,0 +1,49 @@
+"""``@locked``: hold a distributed lock around a view."""
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import ylock
+from django_ylock.request_lock import WRITE, RequestLock
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def locked(name: str, *, key: str | Callable[..., object] | None | bool = None, mode: str = WRITE,
+           timeout: float | None = ylock.lock.DEFAULT, on_commit: bool = False, using: str | None = None,
+           status: int | None = None, retry_after: int | None = None,
+           on_locked: Callable[..., Any] | str | None = None, anonymous: str = "session") -> Callable[[F], F]:
+    """Hold lock ``name`` around the view.
+
+    ``key`` picks one lock of the ``name`` family per request: a URL kwarg name
+    (``key="account_id"``), a callable ``key(request, *args, **kwargs)``, ``None`` (the
+    default: the authenticated user, else the session; ``anonymous="skip"`` takes no lock
+    for anonymous users) or ``False`` (the single named lock itself). ``mode`` is
+    ``"write"`` or ``"read"`` (or a callable of the request). ``timeout`` defaults to the
+    lock's TIMEOUT setting. When the lock cannot be had in time the view is not called and
+    the answer is 423 Locked with ``Retry-After`` (``status``, ``retry_after`` or
+    ``on_locked(request, exc)`` change that); when the engine is down, 503. With
+    ``on_commit=True`` the view runs in ``transaction.atomic(using=using)`` and a write
+    lock is released only once the transaction commits.
+
+    Works on sync and async function views, and on class-based views through
+    ``method_decorator(locked(...), name="dispatch")``.
+    """
+    request_lock = RequestLock(name, key=key, mode=mode, timeout=timeout, on_commit=on_commit, using=using,
+                               status=status, retry_after=retry_after, on_locked=on_locked, anonymous=anonymous)
+
+    def decorate(view: F) -> F:
+        if inspect.iscoroutinefunction(view):
+            @functools.wraps(view)
+            async def async_view(request: Any, *args: Any, **kwargs: Any) -> Any:
+                return await request_lock.arun(request, args, kwargs, lambda: view(request, *args, **kwargs))
+            return async_view  # type: ignore[return-value]
+
+        @functools.wraps(view)
+        def sync_view(request: Any, *args: Any, **kwargs: Any) -> Any:
+            return request_lock.run(request, args, kwargs, lambda: view(request, *args, **kwargs))
+        return sync_view  # type: ignore[return-value]
+    return decorate

@@ -1,0 +1,61 @@
+"""A per-user lock around each request (read for safe methods, write for the others).
+
+Enable with ``"django_ylock.middleware.PerUserLockMiddleware"`` in MIDDLEWARE (after
+the session and authentication middleware) and ``YLOCK["USER_LOCK"]``::
+
+    "USER_LOCK": {"LOCK": "users", "PATHS": ["/api/"], "EXCLUDE": ["/api/health"],
+                  "TIMEOUT": 5, "ANONYMOUS": "session"}   # or "skip"
+
+Requests of one user are serialised (reads shared); different users run in parallel.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.http import HttpRequest, HttpResponse
+
+from django_ylock import conf
+from django_ylock.request_lock import READ, WRITE, RequestLock
+
+
+class PerUserLockMiddleware:
+    """Take the user's lock of the ``USER_LOCK["LOCK"]`` family around each request."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def request_lock(self, request: HttpRequest) -> RequestLock | None:
+        """Return how to lock this request, or None if its path is not covered."""
+        settings = conf.user_lock_settings()
+        if settings is None or "__invalid__" in settings:
+            return None
+        path = request.path_info
+        if any(path.startswith(p) for p in settings["EXCLUDE"]):
+            return None
+        if not any(path.startswith(p) for p in settings["PATHS"]):
+            return None
+        mode = READ if request.method in settings["READ_METHODS"] else WRITE
+        return RequestLock(settings["LOCK"], key=None, mode=mode, timeout=settings["TIMEOUT"],
+                           anonymous=settings["ANONYMOUS"])
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        request_lock = self.request_lock(request)
+        if request_lock is None:
+            return self.get_response(request)
+        return request_lock.run(request, (), {}, lambda: self.get_response(request))
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        request_lock = self.request_lock(request)
+        if request_lock is None:
+            return await self.get_response(request)  # type: ignore[no-any-return]
+        return await request_lock.arun(request, (), {}, lambda: self.get_response(request))
