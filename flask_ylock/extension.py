@@ -38,12 +38,18 @@ class State:
     """One app's ylock state: its registry of engines and locks, metrics and hook settings."""
 
     def __init__(self, app: Flask) -> None:
+        # Validate everything before starting anything (exporters are process-wide).
         self.settings = settings_from_app(app)
         self.registry = make_registry(self.settings)
         self.registry.validate()
-        self.metrics = ylock.metrics.configure(self.settings["METRICS"], setting="YLOCK_METRICS")
         self.user_lock = user_lock_settings(app)
         self.retry_after = app.config.get("YLOCK_RETRY_AFTER")
+        if self.retry_after is not None and (isinstance(self.retry_after, bool)
+                                             or not isinstance(self.retry_after, int) or self.retry_after < 0):
+            raise ylock.ConfigurationError(f"YLOCK_RETRY_AFTER must be a number of seconds >= 0, "
+                                           f"got {self.retry_after!r}")
+        ylock.metrics.validate(self.settings["METRICS"], setting="YLOCK_METRICS")
+        self.metrics = ylock.metrics.configure(self.settings["METRICS"], setting="YLOCK_METRICS")
 
 
 class YLock:

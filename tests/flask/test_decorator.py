@@ -133,3 +133,15 @@ def test_the_key_defaults_to_the_session_user(make_app, gate: Gate) -> None:
     assert len(first) == 1 and first[0].startswith("session:")
     assert alice.post("/profile").json["holders"] == first          # same session, same lock
     assert bob.post("/profile").json["holders"] != first             # another session, another lock
+
+
+def test_retry_after_can_be_configured(make_app) -> None:
+    app, ylock = make_app(YLOCK_RETRY_AFTER=7)
+    add_views(app, ylock, Gate())
+    with app.app_context():
+        held = ylock.locks("accounts")["global"]
+    with held.write(timeout=5):
+        response = app.test_client().post("/mine")
+    assert response.status_code == 423 and response.headers["Retry-After"] == "7"
+    assert response.json == {"error": "locked", "lock": f"{held.group}/global", "retry_after": 7,
+                             "detail": f"the write lock {held.group}/global is busy; retry later"}
