@@ -140,8 +140,10 @@ def test_retry_after_can_be_configured(make_app) -> None:
     add_views(app, ylock, Gate())
     with app.app_context():
         held = ylock.locks("accounts")["global"]
-    with held.write(timeout=5):
-        response = app.test_client().post("/mine")
+    with held.write(timeout=5):   # held by this thread: the request must come from another one
+        request = Runner(lambda: app.test_client().post("/mine"))
+        request.start()
+        response = request.outcome()
     assert response.status_code == 423 and response.headers["Retry-After"] == "7"
     assert response.json == {"error": "locked", "lock": f"{held.group}/global", "retry_after": 7,
                              "detail": f"the write lock {held.group}/global is busy; retry later"}
