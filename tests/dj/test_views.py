@@ -9,8 +9,8 @@ from django.test import AsyncClient, Client
 
 import django_ylock
 import ylock
-from tests.helpers import Runner
 from tests.dj import views
+from tests.helpers import Runner
 from ylock.testing import free_port
 
 

