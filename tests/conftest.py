@@ -13,8 +13,9 @@ import pytest
 
 import ylock
 from ylock.testing.redis import RedisCluster, RedisSentinel, RedisServer
+from ylock.testing.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 
-CONTRACT_ENGINES = ["local", "redis", "redis_cluster", "redis_sentinel"]
+CONTRACT_ENGINES = ["local", "redis", "redis_cluster", "redis_sentinel", "zookeeper", "zookeeper_ensemble"]
 
 _servers: list[object] = []   # whatever has a read_log(), for failure reports
 
@@ -89,5 +90,37 @@ def redis_sentinel() -> Iterator[RedisSentinel]:
 @pytest.fixture
 def redis_sentinel_engine(redis_sentinel: RedisSentinel) -> Iterator[ylock.Engine]:
     engine = ylock.engine_from_url(redis_sentinel.url)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[ZooKeeperServer]:
+    server = ZooKeeperServer().start()
+    _servers.append(server)
+    yield server
+    _servers.remove(server)
+    server.stop()
+
+
+@pytest.fixture
+def zookeeper_engine(zookeeper_server: ZooKeeperServer) -> Iterator[ylock.Engine]:
+    engine = ylock.engine_from_url(zookeeper_server.url("/contract") + "?session_timeout=4")
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def zookeeper_ensemble() -> Iterator[ZooKeeperEnsemble]:
+    ensemble = ZooKeeperEnsemble(3).start()
+    _servers.append(ensemble)
+    yield ensemble
+    _servers.remove(ensemble)
+    ensemble.stop()
+
+
+@pytest.fixture
+def zookeeper_ensemble_engine(zookeeper_ensemble: ZooKeeperEnsemble) -> Iterator[ylock.Engine]:
+    engine = ylock.engine_from_url(zookeeper_ensemble.url("/contract") + "?session_timeout=4")
     yield engine
     engine.close()

@@ -94,6 +94,9 @@ class Engine(abc.ABC):
     #: True if holds expire unless the watchdog renews them (Redis, local); False if the
     #: server keeps them alive by other means (ZooKeeper sessions).
     needs_renewal: ClassVar[bool] = True
+    #: True if, after a write→read downgrade, other readers may share the lock; False if the
+    #: downgraded hold stays exclusive until released (ZooKeeper: see its module docstring).
+    downgrade_shares: ClassVar[bool] = True
 
     def __init__(self) -> None:
         _live_engines.add(self)

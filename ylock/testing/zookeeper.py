@@ -1,0 +1,190 @@
+"""Real ZooKeeper servers for tests: a standalone server or an ensemble, from Debian's
+``zookeeper`` package (``/usr/share/java/zookeeper.jar``), on free loopback ports.
+
+Each server runs in its own data directory; readiness is checked with the ``conf``
+four-letter command, whose ``dataDir`` must be ours (so the server answering on the port
+is the one we started).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from ylock.testing import ServerError, free_port
+
+JAR = os.environ.get("YLOCK_ZOOKEEPER_JAR", "/usr/share/java/zookeeper.jar")
+
+
+def four_letter(port: int, word: str, timeout: float = 2.0) -> str:
+    """Send a four-letter command to 127.0.0.1:port and return the answer ("" if none)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.sendall(word.encode())
+            chunks = []
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                chunks.append(data)
+            return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class ZooKeeperNode:
+    """One ZooKeeper server process (standalone, or member ``sid`` of an ensemble)."""
+
+    def __init__(self, directory: Path, sid: int = 0, tick: int = 200) -> None:
+        self.dir = directory
+        self.sid = sid
+        self.tick = tick
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.servers: list[str] = []   # "server.N=127.0.0.1:peer:election" lines (ensembles)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.dir / "data"
+
+    def write_config(self) -> Path:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        lines = [f"tickTime={self.tick}", f"dataDir={self.data_dir}", f"clientPort={self.port}",
+                 "clientPortAddress=127.0.0.1", "admin.enableServer=false", "4lw.commands.whitelist=*",
+                 "initLimit=20", "syncLimit=10", "maxSessionTimeout=60000", "minSessionTimeout=400",
+                 "autopurge.purgeInterval=0"]
+        if self.servers:
+            (self.data_dir / "myid").write_text(f"{self.sid}\n")
+            lines += self.servers
+        path = self.dir / "zoo.cfg"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def start(self) -> ZooKeeperNode:
+        if not os.path.exists(JAR) or shutil.which("java") is None:
+            raise ServerError(f"ZooKeeper is not installed ({JAR}, java): apt-get install zookeeper")
+        main = "org.apache.zookeeper.server.quorum.QuorumPeerMain" if self.servers else \
+            "org.apache.zookeeper.server.ZooKeeperServerMain"
+        config = self.write_config()
+        log = open(self.dir / "server.log", "ab")
+        self.proc = subprocess.Popen(
+            ["java", "-Xmx192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Dzookeeper.jmx.log4j.disable=true",
+             "-cp", f"/etc/zookeeper/conf:{JAR}", main, str(config)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        return self
+
+    def ready(self) -> bool:
+        """True once this node answers and serves (standalone, leader or follower)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        if f"dataDir={self.data_dir}" not in four_letter(self.port, "conf"):
+            return False
+        return "Mode: " in four_letter(self.port, "srvr")
+
+    def mode(self) -> str:
+        for line in four_letter(self.port, "srvr").splitlines():
+            if line.startswith("Mode: "):
+                return line[6:].strip()
+        return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+    def read_log(self) -> str:
+        try:
+            return (self.dir / "server.log").read_text(errors="replace")[-3000:]
+        except OSError:
+            return "(no log)"
+
+
+def _wait(nodes: list[ZooKeeperNode], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(n.ready() for n in nodes):
+        for n in nodes:
+            if n.proc is not None and n.proc.poll() is not None:
+                raise ServerError(f"ZooKeeper on port {n.port} exited:\n{n.read_log()}")
+        if time.monotonic() > deadline:
+            raise ServerError("ZooKeeper did not start:\n" + "\n".join(n.read_log() for n in nodes))
+        time.sleep(0.1)
+
+
+class ZooKeeperServer:
+    """A standalone ZooKeeper server."""
+
+    def __init__(self, tick: int = 200) -> None:
+        self.node = ZooKeeperNode(Path(tempfile.mkdtemp(prefix="ylock-zk-")), tick=tick)
+
+    @property
+    def hosts(self) -> str:
+        return f"127.0.0.1:{self.node.port}"
+
+    def url(self, chroot: str = "") -> str:
+        return f"zookeeper://{self.hosts}{chroot}"
+
+    def start(self, timeout: float = 60.0) -> ZooKeeperServer:
+        self.node.start()
+        _wait([self.node], timeout)
+        return self
+
+    def stop(self) -> None:
+        self.node.stop()
+
+    def read_log(self) -> str:
+        return self.node.read_log()
+
+    def __repr__(self) -> str:
+        return f"<ZooKeeperServer {self.hosts}>"
+
+
+class ZooKeeperEnsemble:
+    """An ensemble of ``size`` servers on 127.0.0.1 (quorum = size // 2 + 1)."""
+
+    def __init__(self, size: int = 3, tick: int = 200) -> None:
+        base = Path(tempfile.mkdtemp(prefix="ylock-zk-ensemble-"))
+        self.nodes = [ZooKeeperNode(base / str(i), sid=i, tick=tick) for i in range(1, size + 1)]
+        servers = [f"server.{n.sid}=127.0.0.1:{free_port()}:{free_port()}" for n in self.nodes]
+        for n in self.nodes:
+            n.servers = servers
+
+    @property
+    def hosts(self) -> str:
+        return ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def url(self, chroot: str = "") -> str:
+        return f"zookeeper://{self.hosts}{chroot}"
+
+    def start(self, timeout: float = 90.0) -> ZooKeeperEnsemble:
+        for n in self.nodes:
+            n.start()
+        _wait(self.nodes, timeout)
+        return self
+
+    def leader(self) -> ZooKeeperNode:
+        for n in self.nodes:
+            if n.mode() == "leader":
+                return n
+        raise ServerError("the ensemble has no leader")
+
+    def wait_serving(self, timeout: float = 60.0) -> None:
+        """Wait until every running node serves again (after a restart or election)."""
+        _wait([n for n in self.nodes if n.proc is not None], timeout)
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+
+    def read_log(self) -> str:
+        return "\n".join(n.read_log() for n in self.nodes)
+
+    def __repr__(self) -> str:
+        return f"<ZooKeeperEnsemble {self.hosts}>"
