@@ -132,6 +132,7 @@ class ZooKeeperEngine(Engine):
         self._released: dict[str, float] = {}   # lock path -> when it was last released
         self._reaper: threading.Thread | None = None
         self._closed = threading.Event()
+        self._connected = threading.Event()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> ZooKeeperEngine:
@@ -170,6 +171,11 @@ class ZooKeeperEngine(Engine):
     @property
     def client(self) -> KazooClient:
         """The started kazoo client (connects on first use; EngineUnavailable if it cannot)."""
+        return self._connected_client(self.connect_timeout)
+
+    def _connected_client(self, wait: float) -> KazooClient:
+        """Return the client once connected, waiting up to ``wait`` seconds for a
+        (re)connection, e.g. the new session kazoo opens after one expired."""
         client = self._client
         if client is not None and client.connected:
             return client
@@ -194,12 +200,17 @@ class ZooKeeperEngine(Engine):
                     raise EngineUnavailable(f"ZooKeeper at {self.hosts} did not answer within "
                                             f"{self.connect_timeout} s") from exc
             client = self._client
-        if not client.connected:
-            raise EngineUnavailable(f"ZooKeeper at {self.hosts} is not connected ({client.state})")
+        if not client.connected and not self._connected.wait(wait):
+            raise EngineUnavailable(f"ZooKeeper at {self.hosts} is not connected ({client.state}) "
+                                    f"after {wait:.3g} s")
         return client
 
     def _on_state(self, state: str) -> None:
         # Runs in kazoo's event thread: never block here.
+        if state == KazooState.CONNECTED:
+            self._connected.set()
+        else:
+            self._connected.clear()
         if state == KazooState.LOST:
             with self._mutex:
                 holds = list(self._holds.values())
@@ -229,6 +240,7 @@ class ZooKeeperEngine(Engine):
         self._recipes = {}
         self._released = {}
         self._reaper = None
+        self._connected = threading.Event()
 
     def close(self) -> None:
         self._closed.set()
@@ -262,7 +274,9 @@ class ZooKeeperEngine(Engine):
                 self._holds[key] = write
                 return write.token
         with self._errors(r.group, r.name):
-            client = self.client
+            wait = self.connect_timeout if r.deadline is None else \
+                min(self.connect_timeout, max(0.0, r.deadline - time.monotonic()))
+            client = self._connected_client(wait)
             recipe, proxy = self._recipe(client, key)
             for _attempt in range(5):
                 timeout = None if r.deadline is None else max(0.0, r.deadline - time.monotonic())
