@@ -1,0 +1,1 @@
+"""Benchmarks of ylock against the Python lock libraries and the round-trip floor."""

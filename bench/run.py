@@ -1,0 +1,506 @@
+"""``python -m bench [--quick] [--out DIR]``: ylock against the Python lock libraries and
+the round-trip floor, on a redis-server and a ZooKeeper that it starts itself on free
+loopback ports. Every ratio compares numbers measured in the same run; each number is
+the median of ``--runs`` runs (5), with min and max. Writes ``results/latest.json``,
+``results/latest.md`` and ``results/latest.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import redis
+
+import ylock
+from bench import contended, peers
+from ylock.testing.redis import RedisServer
+from ylock.testing.zookeeper import ZooKeeperServer, four_letter
+
+HERE = Path(__file__).resolve().parent
+spawn = multiprocessing.get_context("spawn")
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def rate(func: Callable[[], Any], seconds: float, max_ops: int = 1_000_000) -> float:
+    """Return calls of ``func`` per second over about ``seconds``."""
+    func()
+    ops, began = 0, time.perf_counter()
+    deadline = began + seconds
+    while ops < max_ops:
+        for _ in range(50):
+            func()
+        ops += 50
+        if time.perf_counter() >= deadline:
+            break
+    return ops / (time.perf_counter() - began)
+
+
+def pair_op(pair: tuple[Callable[[], Any], Callable[[], Any]]) -> Callable[[], None]:
+    acquire, release = pair
+
+    def op() -> None:
+        acquire()
+        release()
+    return op
+
+
+class Bench:
+    def __init__(self, quick: bool, runs: int, libs: list[str] | None = None, seconds: float | None = None,
+                 duration: float | None = None) -> None:
+        self.quick = quick
+        self.runs = runs
+        self.libs = libs
+        self.seconds = seconds or (0.3 if quick else 1.0)
+        self.duration = duration or (1.5 if quick else 3.0)
+        self.redis = RedisServer().start()
+        self.zk = ZooKeeperServer().start()
+        self.client = redis.Redis.from_url(self.redis.url)
+        self.results: dict[str, Any] = {"machine": machine(), "quick": quick, "runs": runs}
+
+    def close(self) -> None:
+        self.redis.stop()
+        self.zk.stop()
+
+    # -- floor and uncontended ------------------------------------------------------------
+
+    def uncontended(self) -> None:
+        from kazoo.client import KazooClient
+
+        zk = KazooClient(hosts=self.zk.hosts)
+        zk.start()
+        zk.ensure_path("/kazoo")
+        trivial = self.client.register_script("return 1")
+        engine = peers.ylock_engine(self.redis.url)
+        zk_engine = peers.ylock_engine(f"zookeeper://{self.zk.hosts}/bench")
+        local = peers.ylock_engine("local://")
+        tooz_redis = peers.tooz_coordinator(self.redis.url)
+        tooz_zk = peers.tooz_coordinator(f"kazoo://{self.zk.hosts}")
+        n = uuid.uuid4().hex[:8]
+        cases: dict[str, tuple[str, Callable[[], Any]]] = {
+            "floor: Redis EVALSHA round trip": ("redis", lambda: trivial()),
+            "floor: ZooKeeper exists round trip": ("zookeeper", lambda: zk.exists("/kazoo")),
+            "ylock redis (write)": ("redis", pair_op(peers.ylock_pair(engine, f"w{n}"))),
+            "ylock redis (read)": ("redis", pair_op(peers.ylock_pair(engine, f"r{n}", "read"))),
+            "hand-written SET NX PX + EVALSHA delete": ("redis", pair_op(peers.hand_written(self.client, n))),
+            "redis-py Lock": ("redis", pair_op(peers.redis_py(self.client, n))),
+            "python-redis-lock": ("redis", pair_op(peers.python_redis_lock(self.client, n))),
+            "python-redis-lock (auto-renewal)": ("redis", pair_op(peers.python_redis_lock(self.client, "a" + n, True))),
+            "pottery Redlock (1 master)": ("redis", pair_op(peers.pottery_redlock(self.client, n))),
+            "sherlock": ("redis", pair_op(peers.sherlock_lock(self.client, n))),
+            "tooz redis": ("redis", pair_op(peers.tooz_pair(tooz_redis, "t" + n))),
+            "ylock zookeeper (write)": ("zookeeper", pair_op(peers.ylock_pair(zk_engine, f"w{n}"))),
+            "ylock zookeeper (read)": ("zookeeper", pair_op(peers.ylock_pair(zk_engine, f"r{n}", "read"))),
+            "kazoo Lock": ("zookeeper", pair_op(peers.kazoo_pair(zk, "l" + n, "lock"))),
+            "kazoo WriteLock": ("zookeeper", pair_op(peers.kazoo_pair(zk, "w" + n, "write"))),
+            "kazoo ReadLock": ("zookeeper", pair_op(peers.kazoo_pair(zk, "r" + n, "read"))),
+            "tooz zookeeper": ("zookeeper", pair_op(peers.tooz_pair(tooz_zk, "z" + n))),
+            "ylock local (write)": ("local", pair_op(peers.ylock_pair(local, f"w{n}"))),
+        }
+        samples: dict[str, list[float]] = {k: [] for k in cases}
+        for _ in range(self.runs):                   # interleaved: drift hits every case alike
+            for name, (_, op) in cases.items():
+                samples[name].append(rate(op, self.seconds))
+        rows = {name: {"server": server, **stats(samples[name])} for name, (server, _) in cases.items()}
+        floors = {"redis": rows["floor: Redis EVALSHA round trip"]["median"],
+                  "zookeeper": rows["floor: ZooKeeper exists round trip"]["median"]}
+        for name, row in rows.items():
+            if row["server"] in floors and not name.startswith("floor"):
+                # An acquire+release needs two round trips at least: 1.0 means "at the floor".
+                row["vs_floor"] = 2 * row["median"] / floors[row["server"]]
+        y = rows["ylock redis (write)"]["median"]
+        self.results["uncontended"] = rows
+        self.results["ratios"] = {
+            "ylock/hand-written": y / rows["hand-written SET NX PX + EVALSHA delete"]["median"],
+            "ylock/sherlock": y / rows["sherlock"]["median"],
+            "ylock/redis-py": y / rows["redis-py Lock"]["median"],
+            "ylock/python-redis-lock": y / rows["python-redis-lock"]["median"],
+            "ylock zk/kazoo WriteLock": rows["ylock zookeeper (write)"]["median"] / rows["kazoo WriteLock"]["median"],
+        }
+        # Round trips per uncontended acquire+release, counted by the server.
+        self.client.config_resetstat()
+        acquire, release = peers.ylock_pair(engine, f"c{n}")
+        for _ in range(100):
+            acquire()
+            release()
+        calls = sum(v["calls"] for k, v in self.client.info("commandstats").items() if k != "cmdstat_config|resetstat"
+                    and not k.startswith("cmdstat_info"))
+        evalsha = self.client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+        self.results["round_trips_per_pair"] = evalsha / 100
+        self.results["server_commands_per_pair"] = calls / 100
+        # Reentry: no network at all.
+        lock = ylock.Lock(engine, "bench", f"re{n}")
+        lock.lock()
+        reps = 20000 if self.quick else 200000
+        began = time.perf_counter()
+        for _ in range(reps):
+            lock.lock()
+            lock.unlock()
+        self.results["reentry_us"] = (time.perf_counter() - began) / reps * 1e6
+        lock.unlock()
+        tooz_redis.stop()
+        tooz_zk.stop()
+        zk.stop()
+
+    # -- contended ------------------------------------------------------------------------
+
+    def contended(self) -> None:
+        libs = ["ylock redis (notify)", "ylock redis (polling only)", "hand-written SET NX", "redis-py Lock",
+                "python-redis-lock", "sherlock", "pottery Redlock", "tooz redis", "ylock zookeeper", "kazoo Lock",
+                "no lock (control)"]
+        libs = [lib for lib in libs if self.libs is None or lib in self.libs]
+        procs_list = [4] if self.quick else [4, 16]
+        duration = self.duration
+        out: dict[str, Any] = {}
+        for procs in procs_list:
+            for lib in libs:
+                runs = []
+                for _ in range(1 if self.quick else 3):
+                    name = uuid.uuid4().hex[:10]
+                    before = self.client.info("commandstats")
+                    zk_before = _zk_received(self.zk.node.port)
+                    start_at = time.time() + 1.5 + procs * 0.15
+                    with ProcessPoolExecutor(procs, mp_context=spawn) as pool:
+                        futures = [pool.submit(contended.worker, lib, self.redis.url, self.zk.hosts, name, start_at,
+                                               duration, 200_000) for _ in range(procs)]
+                        logs = [f.result(timeout=300) for f in futures]
+                    counter = int(self.client.get(f"counter:{name}") or 0)
+                    row = contended.analyse(logs, counter)
+                    after = self.client.info("commandstats")
+                    calls = sum(after[k]["calls"] - before.get(k, {"calls": 0})["calls"] for k in after
+                                if not k.startswith(("cmdstat_info", "cmdstat_config")))
+                    # minus the counter's own GET and SET
+                    row["redis_cmds_per_acq"] = calls / max(1, row["acquisitions"]) - 2
+                    row["zk_requests_per_acq"] = (_zk_received(self.zk.node.port) - zk_before) / max(1, row["acquisitions"])
+                    runs.append(row)
+                out[f"{procs} processes: {lib}"] = _median_rows(runs)
+        self.results["contended"] = out
+
+    # -- readers behind a writer ---------------------------------------------------------------------
+
+    def readers(self) -> None:
+        from kazoo.client import KazooClient
+
+        engine = peers.ylock_engine(self.redis.url)
+        zk_engine = peers.ylock_engine(f"zookeeper://{self.zk.hosts}/bench")
+        zk = KazooClient(hosts=self.zk.hosts)
+        zk.start()
+        rows: dict[str, Any] = {}
+        for n_readers in (1, 8, 32):
+            for lib in ("ylock redis", "ylock zookeeper", "kazoo"):
+                samples = []
+                for _ in range(self.runs):
+                    samples.append(_readers_behind_writer(lib, engine, zk_engine, zk, n_readers))
+                rows[f"{lib}, {n_readers} readers"] = stats(samples)
+        zk.stop()
+        self.results["readers_behind_writer_ms"] = rows
+
+    # -- many holds ----------------------------------------------------------------------------------
+
+    def many_holds(self) -> None:
+        count = 2000 if self.quick else 10_000
+        lease = 3.0
+        engine = peers.ylock_engine(self.redis.url)
+        locks = ylock.Locks(engine, "many", lease=lease)
+        names = [f"h{i}-{uuid.uuid4().hex[:6]}" for i in range(count)]
+        for name in names:
+            locks.lock(name)
+        batches: list[int] = []
+        ylock.WATCHDOG.on_batch = lambda eng, n, secs: batches.append(n) if eng is engine else None
+        cpu, wall = time.process_time(), time.perf_counter()
+        periods = 1 if self.quick else 3
+        time.sleep(lease * periods)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        ylock.WATCHDOG.on_batch = None
+        renew_periods = wall / (lease / 3)
+        pipelines = sum(math.ceil(n / engine.renew_chunk) for n in batches)  # type: ignore[attr-defined]
+        lost = sum(locks[name].lost for name in names)
+        for name in names:
+            locks.unlock(name)
+        self.results["many_holds"] = {
+            "ylock": {"holds": count, "seconds": wall, "renewals": sum(batches), "batches": len(batches),
+                      "round_trips_per_renewal_period": pipelines / renew_periods, "cpu_seconds": cpu,
+                      "threads": 1, "lost": lost},
+        }
+        # python-redis-lock renews each lock from its own thread: cap the thread count.
+        import redis_lock
+
+        capped = 200 if self.quick else 1000
+        client = redis.Redis.from_url(self.redis.url, max_connections=capped + 50)   # a connection per thread
+        held = [redis_lock.Lock(client, f"prl-many:{i}:{uuid.uuid4().hex[:6]}", expire=int(lease),
+                                auto_renewal=True) for i in range(capped)]
+        for lk in held:
+            lk.acquire()
+        self.client.config_resetstat()
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(lease * periods)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        stats_ = self.client.info("commandstats")
+        renew_calls = sum(v["calls"] for k, v in stats_.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+        lost = 0
+        for lk in held:
+            try:
+                lk.release()
+            except redis_lock.NotAcquired:
+                lost += 1
+        self.results["many_holds"]["python-redis-lock"] = {"lost": lost,
+            "holds": capped, "seconds": wall, "round_trips_per_renewal_period": renew_calls / (wall / (lease * 2 / 3)),
+            "cpu_seconds": cpu, "threads": capped,
+            "note": f"capped at {capped} locks: one renewal thread per lock"}
+
+    # -- metrics overhead --------------------------------------------------------------------------------
+
+    def metrics_overhead(self) -> None:
+        import ylock.metrics
+
+        engine = peers.ylock_engine(self.redis.url)
+        op = pair_op(peers.ylock_pair(engine, f"m{uuid.uuid4().hex[:6]}"))
+        metrics = ylock.metrics.configure({"STATS": True, "PROMETHEUS": True}, setting="bench")
+        subscribers = metrics.subscribers
+        on, off = [], []
+        for _ in range(self.runs):
+            for s in subscribers:
+                ylock.events.unsubscribe(s)
+            off.append(rate(op, self.seconds))
+            for s in subscribers:
+                ylock.events.subscribe(s)
+            on.append(rate(op, self.seconds))
+        self.results["metrics_overhead"] = {"off": stats(off), "on": stats(on),
+                                            "on/off": statistics.median(on) / statistics.median(off)}
+
+
+def _readers_behind_writer(lib: str, engine: Any, zk_engine: Any, zk: Any, n: int) -> float:
+    """Milliseconds from the writer's release until all ``n`` queued readers are in."""
+    name = uuid.uuid4().hex[:10]
+    got: list[float] = []
+    queued = threading.Semaphore(0)
+    if lib == "kazoo":
+        writer = zk.WriteLock(f"/kazoo-rw/{name}")
+        writer.acquire()
+
+        def read() -> None:
+            lock = zk.ReadLock(f"/kazoo-rw/{name}")
+            queued.release()
+            lock.acquire(timeout=30)
+            got.append(time.perf_counter())
+            lock.release()
+        release = writer.release
+        count_waiters = lambda: len(zk.get_children(f"/kazoo-rw/{name}")) - 1  # noqa: E731
+    else:
+        eng = engine if lib == "ylock redis" else zk_engine
+        writer_lock = ylock.Lock(eng, "bench", name)
+        writer_lock.lock()
+
+        def read() -> None:
+            lock = ylock.Lock(eng, "bench", name)
+            queued.release()
+            lock.rlock(timeout=30)
+            got.append(time.perf_counter())
+            lock.runlock()
+        release = writer_lock.unlock
+        count_waiters = lambda: sum(len(i.waiters) for i in eng.describe("bench") if i.name == name)  # noqa: E731
+    threads = [threading.Thread(target=read, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for _ in range(n):
+        queued.acquire()
+    deadline = time.monotonic() + 30
+    while count_waiters() < n and time.monotonic() < deadline:
+        time.sleep(0.005)
+    released = time.perf_counter()
+    release()
+    for t in threads:
+        t.join(30)
+    return (max(got) - released) * 1000
+
+
+def _zk_received(port: int) -> int:
+    for line in four_letter(port, "srvr").splitlines():
+        if line.startswith("Received:"):
+            return int(line.split(":")[1])
+    return 0
+
+
+def _median_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in rows[0]:
+        values = [r[key] for r in rows if r[key] is not None]
+        if not values:
+            out[key] = None
+        elif key == "lost_updates":
+            out[key] = max(values)        # a lock that lost updates once is broken
+        else:
+            out[key] = statistics.median(values)
+    return out
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {}
+    for package in ("redis", "kazoo", "redis_lock", "pottery", "sherlock", "tooz"):
+        try:
+            from importlib.metadata import version
+
+            versions[package] = version({"redis_lock": "python-redis-lock"}.get(package, package))
+        except Exception:  # noqa: BLE001
+            versions[package] = "not installed"
+    redis_version = os.popen("redis-server --version").read().strip()
+    return {"cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "ylock": ylock.__version__,
+            "redis_server": redis_version, "zookeeper": "3.8 (Debian)", "peers": versions,
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def markdown(r: dict[str, Any]) -> str:
+    def f(v: Any, digits: int = 0) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float) and math.isinf(v):
+            return "∞"
+        return f"{v:,.{digits}f}"
+    m = r["machine"]
+    lines = [f"Machine: {m['cpus']} cores, {m['cpu']}, Python {m['python']}, {m['redis_server'].split(' sha')[0]}, "
+             f"ZooKeeper {m['zookeeper']}; {m['when']}; medians of {r['runs']} runs"
+             + (" (--quick)" if r["quick"] else "") + ".", ""]
+    if "uncontended" in r:
+        lines += _uncontended_md(r, f)
+    return "\n".join(lines + _rest_md(r, f))
+
+
+def _uncontended_md(r: dict[str, Any], f: Callable[..., str]) -> list[str]:
+    lines = ["**Uncontended acquire+release, one client** (ops/s; `vs floor` = 2 × ops/s ÷ round trips/s, "
+             "1.0 means two bare round trips)", "",
+             "| library | median | min | max | vs floor |", "|---|---:|---:|---:|---:|"]
+    for name, row in r["uncontended"].items():
+        lines.append(f"| {name} | {f(row['median'])} | {f(row['min'])} | {f(row['max'])} | "
+                     f"{f(row.get('vs_floor'), 2)} |")
+    lines += ["", "Ratios (same run): " + ", ".join(f"{k} = {v:.2f}" for k, v in r["ratios"].items())
+              + f"; ylock round trips per uncontended acquire+release: {r['round_trips_per_pair']:.0f}; "
+              f"re-entry {r['reentry_us']:.2f} µs.", ""]
+    return lines
+
+
+def _rest_md(r: dict[str, Any], f: Callable[..., str]) -> list[str]:
+    lines: list[str] = []
+    if "contended" in r:
+        lines += ["**Contended handoff** (one lock, a GET+SET counter inside; gap = release → next acquire; "
+                  "self = the releaser took it straight back; wait = of processes that took it from another)", "",
+                  "| processes: library | acq/s | lost updates | gap p50 ms | gap p99 ms | self | wait p50 ms | "
+                  "wait p99 ms | wait max ms | max/min | Redis cmds/acq | ZK reqs/acq |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for name, row in r["contended"].items():
+            lines.append(f"| {name} | {f(row['acq_per_s'])} | {row['lost_updates']} | {f(row['gap_p50_ms'], 3)} | "
+                         f"{f(row['gap_p99_ms'], 3)} | {row['self_reacquire']:.0%} | {f(row['cross_wait_p50_ms'], 1)} | "
+                         f"{f(row['cross_wait_p99_ms'], 1)} | {f(row['cross_wait_max_ms'], 0)} | "
+                         f"{f(row['fairness_max_min'], 2)} | {f(row['redis_cmds_per_acq'], 1)} | "
+                         f"{f(row['zk_requests_per_acq'], 1)} |")
+        lines.append("")
+    if "readers_behind_writer_ms" in r:
+        lines += ["**N readers queued behind a writer**: ms from the writer's release until all are in", "",
+                  "| case | median | min | max |", "|---|---:|---:|---:|"]
+        for name, row in r["readers_behind_writer_ms"].items():
+            lines.append(f"| {name} | {row['median']:.2f} | {row['min']:.2f} | {row['max']:.2f} |")
+        lines.append("")
+    if "many_holds" in r:
+        lines += ["**Many holds kept alive**", "", "| library | holds | renewal round trips per period | CPU s | "
+                  "threads |", "|---|---:|---:|---:|---:|"]
+        for name, row in r["many_holds"].items():
+            lines.append(f"| {name} | {row['holds']:,} | {row['round_trips_per_renewal_period']:.1f} | "
+                         f"{row['cpu_seconds']:.2f} | {row['threads']} |")
+        lines.append("")
+    if "metrics_overhead" in r:
+        mo = r["metrics_overhead"]
+        lines += [f"**Metrics overhead**: uncontended ylock redis with metrics on (aggregator + Prometheus) vs off: "
+                  f"{mo['on']['median']:,.0f} vs {mo['off']['median']:,.0f} ops/s = {mo['on/off']:.3f}×", ""]
+    return lines
+
+
+def plot(r: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(15, 6.5))
+    rows = {k: v for k, v in r["uncontended"].items() if not k.startswith("floor")}
+    names = list(rows)
+    axes[0].barh(names, [rows[n]["median"] for n in names],
+                 xerr=[[rows[n]["median"] - rows[n]["min"] for n in names],
+                       [rows[n]["max"] - rows[n]["median"] for n in names]],
+                 color=["tab:orange" if n.startswith("ylock") else "tab:gray" for n in names])
+    for floor, style in (("floor: Redis EVALSHA round trip", "--"), ("floor: ZooKeeper exists round trip", ":")):
+        axes[0].axvline(r["uncontended"][floor]["median"] / 2, linestyle=style, color="k", label=floor + " / 2")
+    axes[0].set_xlabel("acquire+release per second (one client)")
+    axes[0].invert_yaxis()
+    axes[0].legend(fontsize=8)
+    if "contended" in r:
+        crow = {k: v for k, v in r["contended"].items() if "control" not in k and k.startswith("4 processes")}
+        cn = list(crow)
+        axes[1].barh([n.split(": ", 1)[1] for n in cn], [crow[n]["gap_p50_ms"] or 0 for n in cn], label="gap p50",
+                     color="tab:blue")
+        axes[1].barh([n.split(": ", 1)[1] for n in cn], [crow[n]["cross_wait_p99_ms"] or 0 for n in cn],
+                     left=[crow[n]["gap_p50_ms"] or 0 for n in cn], label="wait p99 (other processes)",
+                     color="tab:red", alpha=0.5)
+        axes[1].set_xscale("log")
+        axes[1].set_xlabel("milliseconds (log), 4 processes on one lock")
+        axes[1].invert_yaxis()
+        axes[1].legend(fontsize=8)
+    fig.suptitle("ylock vs Python lock libraries (same run, same servers)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small counts, one contended size (about a minute)")
+    parser.add_argument("--runs", type=int, default=None, help="runs per number (default 5, quick 3)")
+    parser.add_argument("--out", default=str(HERE / "results"), help="where to write latest.{json,md,png}")
+    parser.add_argument("--only", default="uncontended,contended,readers,many_holds,metrics_overhead",
+                        help="comma-separated sections")
+    parser.add_argument("--libs", default=None, help="comma-separated libraries for the contended section")
+    parser.add_argument("--seconds", type=float, default=None, help="seconds per uncontended sample")
+    parser.add_argument("--duration", type=float, default=None, help="seconds per contended run")
+    args = parser.parse_args(argv)
+    bench = Bench(args.quick, args.runs or (3 if args.quick else 5), args.libs.split(",") if args.libs else None,
+                  args.seconds, args.duration)
+    try:
+        for section in args.only.split(","):
+            began = time.perf_counter()
+            getattr(bench, section)()
+            print(f"bench: {section} done in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    finally:
+        bench.close()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latest.json").write_text(json.dumps(bench.results, indent=2, default=str))
+    text = markdown(bench.results)
+    (out / "latest.md").write_text(text + "\n")
+    if "uncontended" in bench.results:
+        plot(bench.results, out / "latest.png")
+    print(text)
+    return bench.results
+
+
+if __name__ == "__main__":
+    main()

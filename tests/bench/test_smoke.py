@@ -1,0 +1,28 @@
+"""The benchmark runs end to end with tiny counts (not a timing test: it checks the shape
+of the results, and that the counter catches a missing lock while ylock loses nothing)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_quick_smoke(tmp_path):
+    from bench.run import main
+
+    results = main(["--quick", "--runs", "1", "--seconds", "0.05", "--duration", "0.7", "--out", str(tmp_path),
+                    "--only", "uncontended,contended",
+                    "--libs", "ylock redis (notify),ylock zookeeper,python-redis-lock,no lock (control)"])
+    assert results["round_trips_per_pair"] == 2          # one script call to acquire, one to release
+    assert set(results["uncontended"]) >= {"floor: Redis EVALSHA round trip", "ylock redis (write)", "kazoo WriteLock"}
+    assert all(row["median"] > 0 for row in results["uncontended"].values())
+    rows = results["contended"]
+    assert rows["4 processes: ylock redis (notify)"]["lost_updates"] == 0
+    assert rows["4 processes: ylock zookeeper"]["lost_updates"] == 0
+    assert rows["4 processes: no lock (control)"]["lost_updates"] > 0
+    assert rows["4 processes: ylock redis (notify)"]["self_reacquire"] < 0.2   # fair: handed to the queue
+    saved = json.loads((tmp_path / "latest.json").read_text())
+    assert saved["contended"].keys() == rows.keys()
+    assert (tmp_path / "latest.md").read_text().count("|") > 20 and (tmp_path / "latest.png").stat().st_size > 1000
