@@ -186,7 +186,8 @@ class Bench:
                                 if not k.startswith(("cmdstat_info", "cmdstat_config")))
                     # minus the counter's own GET and SET
                     row["redis_cmds_per_acq"] = calls / max(1, row["acquisitions"]) - 2
-                    row["zk_requests_per_acq"] = (_zk_received(self.zk.node.port) - zk_before) / max(1, row["acquisitions"])
+                    zk_requests = _zk_received(self.zk.node.port) - zk_before
+                    row["zk_requests_per_acq"] = zk_requests / max(1, row["acquisitions"])
                     runs.append(row)
                 out[f"{procs} processes: {lib}"] = _median_rows(runs)
         self.results["contended"] = out
@@ -411,7 +412,8 @@ def _rest_md(r: dict[str, Any], f: Callable[..., str]) -> list[str]:
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, row in r["contended"].items():
             lines.append(f"| {name} | {f(row['acq_per_s'])} | {row['lost_updates']} | {f(row['gap_p50_ms'], 3)} | "
-                         f"{f(row['gap_p99_ms'], 3)} | {row['self_reacquire']:.0%} | {f(row['cross_wait_p50_ms'], 1)} | "
+                         f"{f(row['gap_p99_ms'], 3)} | {row['self_reacquire']:.0%} | "
+                         f"{f(row['cross_wait_p50_ms'], 1)} | "
                          f"{f(row['cross_wait_p99_ms'], 1)} | {f(row['cross_wait_max_ms'], 0)} | "
                          f"{f(row['fairness_max_min'], 2)} | {f(row['redis_cmds_per_acq'], 1)} | "
                          f"{f(row['zk_requests_per_acq'], 1)} |")
@@ -457,8 +459,8 @@ def plot(r: dict[str, Any], path: Path) -> None:
     if "contended" in r:
         crow = {k: v for k, v in r["contended"].items() if "control" not in k and k.startswith("4 processes")}
         cn = list(crow)
-        axes[1].barh([n.split(": ", 1)[1] for n in cn], [crow[n]["gap_p50_ms"] or 0 for n in cn], label="gap p50",
-                     color="tab:blue")
+        axes[1].barh([n.split(": ", 1)[1] for n in cn], [crow[n]["gap_p50_ms"] or 0 for n in cn],
+                     label="gap p50", color="tab:blue")
         axes[1].barh([n.split(": ", 1)[1] for n in cn], [crow[n]["cross_wait_p99_ms"] or 0 for n in cn],
                      left=[crow[n]["gap_p50_ms"] or 0 for n in cn], label="wait p99 (other processes)",
                      color="tab:red", alpha=0.5)
