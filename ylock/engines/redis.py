@@ -56,8 +56,12 @@ _BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": 
 
 
 def _script(name: str) -> str:
+    """Return a script's source: the prelude, then the script, with the queue machinery
+    spliced in at its ``--@queue`` line (after its fast path, so a fast call never pays
+    for defining what it does not use)."""
     lua = resources.files("ylock.engines").joinpath("lua")
-    return lua.joinpath("common.lua").read_text() + "\n" + lua.joinpath(name).read_text()
+    body = lua.joinpath(name).read_text().replace("--@queue", lua.joinpath("queue.lua").read_text(), 1)
+    return lua.joinpath("common.lua").read_text() + "\n" + body
 
 
 # Script templates; each engine fills in its own constants (fewer arguments per call).

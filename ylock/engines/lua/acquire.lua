@@ -10,13 +10,24 @@ local o, mode, lease, wlease = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARG
 local fair = string.sub(ARGV[3], 1, 1) == '1'
 local stay = string.sub(ARGV[3], 2, 2) == '1'
 local queued = string.sub(ARGV[3], 3, 3) == '1'
+
+-- Fast path for a writer: nobody waits and no reader holds, so SET NX decides.
+if mode == 'write' and not queued and redis.call('EXISTS', K.q, K.s) == 0 then
+  local tok = peek_token(nil)
+  if redis.call('SET', K.x, o .. '|' .. fmt(tok), 'NX', 'PX', lease) then
+    store_token(tok)
+    return {1, tok}
+  end
+end
+
+--@queue
+
 local now, now_us = clock()
 local writer, wtok = writer_of()
 
--- Fast path: nobody holds the lock in a conflicting mode and nobody waits.
-if not writer and not queued and redis.call('LLEN', K.q) == 0 then
-  if mode == 'read' then return {1, grant_read(o, lease, now, now_us)} end
-  if redis.call('EXISTS', K.s) == 0 then return {1, grant_write(o, lease, now_us)} end
+-- Fast path for a reader: no writer holds and nobody waits.
+if mode == 'read' and not writer and not queued and redis.call('LLEN', K.q) == 0 then
+  return {1, grant_read(o, lease, now, now_us)}
 end
 
 expire_readers(now)

@@ -2,6 +2,7 @@
 -- KEYS[1] = the lock's x key (see common.lua)
 -- Returns {writer or "", writer token or 0, writer pttl, {owner, deadline, ...} live shared
 --          owners, queue, {owner, mode, ...} for the queue, {owner, token, ...} readers' tokens, now ms}.
+--@queue
 local now = clock()
 local writer, wtok = writer_of()
 local queue = redis.call('LRANGE', K.q, 0, -1)

@@ -16,10 +16,13 @@ else
     redis.call('HDEL', K.t, o)
     local now = clock()
     if tonumber(deadline) > now then held = 1 end
-    extend_shared(now)
+    local last = redis.call('ZRANGE', K.s, -1, -1, 'WITHSCORES')
+    if last[2] then redis.call('PEXPIRE', K.s, math.max(1, tonumber(last[2]) - now)) end
   end
 end
 if redis.call('LLEN', K.q) == 0 then return {held} end   -- nobody to hand the lock to
+
+--@queue
 
 local now, now_us = clock()
 expire_readers(now)

@@ -2,6 +2,7 @@
 -- KEYS[1] = the lock's x key (see common.lua)
 -- ARGV[1] owner  ARGV[2] mode: "write" | "read"  ARGV[3] lease ms
 -- Returns 1 if renewed, 0 if the owner no longer holds it (lost).
+--@queue
 local o, mode, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 if mode == 'write' then
   if writer_of() ~= o then return 0 end
