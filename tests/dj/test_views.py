@@ -266,3 +266,17 @@ def test_signals_relay_core_events(client: Client):
     assert kinds == [("acquired", "accounts", "31"), ("released", "accounts", "31")]
     released = [e for e in seen if e.kind == "released"][0]
     assert released.hold is not None and released.engine == "redis"
+
+
+def test_locked_view_on_zookeeper(settings, zookeeper_server, client: Client):
+    settings.YLOCK = {"ENGINES": {"default": {"URL": zookeeper_server.url("/django")}}}
+    assert django_ylock.engine().scheme == "zookeeper"
+    assert client.post("/transfer/51/").status_code == 200
+    _, done, runner = held_elsewhere("accounts", "51")
+    try:
+        response = client.post("/transfer/51/")
+        assert response.status_code == 423 and response["Retry-After"] == "1"
+    finally:
+        done.set()
+        runner.outcome()
+    assert client.get("/balance/51/").status_code == 200
