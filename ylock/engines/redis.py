@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -56,12 +57,18 @@ _BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": 
 
 
 def _script(name: str) -> str:
-    """Return a script's source: the prelude, then the script, with the queue machinery
-    spliced in at its ``--@queue`` line (after its fast path, so a fast call never pays
-    for defining what it does not use)."""
+    """Return a script's source: the keys of ``common.lua``, then the script with the
+    helpers of ``common.lua`` spliced in at its ``--@common`` line and the queue machinery
+    at its ``--@queue`` line (after its fast path, so a fast call never pays for defining
+    what it does not use)."""
     lua = resources.files("ylock.engines").joinpath("lua")
-    body = lua.joinpath(name).read_text().replace("--@queue", lua.joinpath("queue.lua").read_text(), 1)
-    return lua.joinpath("common.lua").read_text() + "\n" + body
+    head, helpers = re.split(r"^--@functions.*$", lua.joinpath("common.lua").read_text(), maxsplit=1, flags=re.M)
+    body = lua.joinpath(name).read_text()
+    if not re.search(r"^--@common$", body, flags=re.M):
+        body = "--@common\n" + body
+    body = re.sub(r"^--@common$", lambda _: helpers, body, count=1, flags=re.M)
+    body = re.sub(r"^--@queue$", lambda _: lua.joinpath("queue.lua").read_text(), body, count=1, flags=re.M)
+    return head + "\n" + body
 
 
 # Script templates; each engine fills in its own constants (fewer arguments per call).
@@ -225,23 +232,31 @@ class RedisEngine(Engine):
 
     @contextlib.contextmanager
     def _errors(self, group: str | None = None, name: str | None = None) -> Iterator[None]:
-        """Translate redis-py errors into ylock's: the one place this engine does it."""
+        """Translate redis-py errors into ylock's (see :meth:`_translate`)."""
         try:
             yield
-        except LockError:
-            raise
-        except rex.AuthenticationError as exc:
-            raise EngineUnavailable(f"Redis at {self.url_for_display()} refused the credentials: {exc}",
-                                    group=group, name=name) from exc
-        except (rex.ConnectionError, rex.TimeoutError, rex.BusyLoadingError, rex.ReadOnlyError,
-                rex.ClusterDownError, rex.TryAgainError, rex.MasterDownError, OSError) as exc:
-            raise EngineUnavailable(f"Redis at {self.url_for_display()} is unavailable: {exc}",
-                                    group=group, name=name) from exc
-        except rex.RedisError as exc:
+        except Exception as exc:
+            raise self._translate(exc, group, name) from exc
+
+    def _translate(self, exc: Exception, group: str | None, name: str | None) -> Exception:
+        """Return the ylock error for a redis-py error: the one place this engine maps them.
+        (The lock path calls it from a plain ``except``: a generator-based context manager
+        costs microseconds per call.)"""
+        if isinstance(exc, LockError):
+            return exc
+        if isinstance(exc, rex.AuthenticationError):
+            return EngineUnavailable(f"Redis at {self.url_for_display()} refused the credentials: {exc}",
+                                     group=group, name=name)
+        if isinstance(exc, (rex.ConnectionError, rex.TimeoutError, rex.BusyLoadingError, rex.ReadOnlyError,
+                            rex.ClusterDownError, rex.TryAgainError, rex.MasterDownError, OSError)):
+            return EngineUnavailable(f"Redis at {self.url_for_display()} is unavailable: {exc}",
+                                     group=group, name=name)
+        if isinstance(exc, rex.RedisError):
             if "CLUSTERDOWN" in str(exc) or "READONLY" in str(exc) or "MASTERDOWN" in str(exc):
-                raise EngineUnavailable(f"Redis at {self.url_for_display()} is unavailable: {exc}",
-                                        group=group, name=name) from exc
-            raise LockError(f"Redis at {self.url_for_display()} failed: {exc}", group=group, name=name) from exc
+                return EngineUnavailable(f"Redis at {self.url_for_display()} is unavailable: {exc}",
+                                         group=group, name=name)
+            return LockError(f"Redis at {self.url_for_display()} failed: {exc}", group=group, name=name)
+        return exc
 
     def ping(self) -> None:
         with self._errors():
@@ -260,41 +275,61 @@ class RedisEngine(Engine):
 
     def acquire(self, request: AcquireRequest) -> int | None:
         r = request
-        base = self._base(r.group, r.name)
-        keys = [f"{base}:x"]
-        waiter_lease = r.polling.waiter_lease
+        key = f"{self.prefix}:{{{r.group}:{r.name}}}:x"
         fair = "1" if r.fair else "0"
-        args = [r.owner, r.mode, fair + "10", int(r.lease * 1000), int(waiter_lease * 1000)]
+        args = [r.owner, r.mode, fair + "10", int(r.lease * 1000), int(r.polling.waiter_lease * 1000)]
+        if not self.wait_replicas and (r.deadline is None or time.monotonic() < r.deadline):
+            # The first try, on its own: an uncontended write comes back as a bare token.
+            try:
+                reply = self._run("acquire", key, args)
+            except Exception as exc:
+                raise self._translate(exc, r.group, r.name) from exc
+            if reply.__class__ is int:
+                return reply
+        else:
+            reply = None
+        return self._acquire_slow(r, key, args, reply)
+
+    def _acquire_slow(self, r: AcquireRequest, key: str, args: list[Any], reply: Any) -> int | None:
+        """The rest of an acquisition: the first reply (None: not tried yet), then queueing,
+        waiting for a grant or a poll, and retrying until the deadline."""
+        waiter_lease = r.polling.waiter_lease
+        fair = args[2][0]
         intervals = r.polling.intervals()
-        notify_key = f"{base}:n:{r.owner}"
+        notify_key = f"{key[:-2]}:n:{r.owner}"
         unreachable_since: float | None = None
         queued = False
+        acked = 0
         while True:
             now = time.monotonic()
             last_try = r.deadline is not None and now >= r.deadline
-            args[2] = fair + ("0" if last_try else "1") + ("1" if queued else "0")
-            try:
-                with self._errors(r.group, r.name):
-                    reply, acked = self._acquire_call(keys, args)
-                unreachable_since = None
-            except EngineUnavailable:
-                # Before we are queued, fail fast; once queued, ride out a blip until the
-                # waiter lease (our place in the queue) or the deadline is gone.
-                if unreachable_since is None:
-                    unreachable_since = now
-                if not queued or last_try or now - unreachable_since >= waiter_lease:
-                    raise
-                time.sleep(min(next(intervals), 0.1))
-                continue
+            if reply is None:
+                args[2] = fair + ("0" if last_try else "1") + ("1" if queued else "0")
+                try:
+                    with self._errors(r.group, r.name):
+                        reply, acked = self._acquire_call(key, args)
+                    unreachable_since = None
+                except EngineUnavailable:
+                    # Before we are queued, fail fast; once queued, ride out a blip until the
+                    # waiter lease (our place in the queue) or the deadline is gone.
+                    if unreachable_since is None:
+                        unreachable_since = now
+                    if not queued or last_try or now - unreachable_since >= waiter_lease:
+                        raise
+                    time.sleep(min(next(intervals), 0.1))
+                    continue
+            if reply.__class__ is int:
+                self._confirm(r, acked)
+                return int(reply)
             self._publish_evicted(r, reply[2:])
             if reply[0] == 1:
-                token = int(reply[1])
                 self._confirm(r, acked)
-                return token
+                return int(reply[1])
             queued = True
             if last_try:
                 return None
             wait = min(next(intervals), max(0.001, int(reply[1]) / 1000))
+            reply = None
             if r.deadline is not None:
                 wait = min(wait, max(0.0, r.deadline - time.monotonic()))
             granted = self._wait(r, notify_key, wait)
@@ -305,9 +340,17 @@ class RedisEngine(Engine):
                     continue
                 return granted
 
-    def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        client = self.client  # builds the client and registers the scripts on first use
-        return self._scripts[name](keys=keys, args=args, client=client)
+    def _run(self, name: str, key: str, args: list[Any], client: Any = None) -> Any:
+        """EVALSHA a script with one key, loading it again if the server lost it (a
+        restart, a failover, SCRIPT FLUSH)."""
+        if client is None:
+            client = self._client or self.client  # builds the client and registers the scripts
+        script = self._scripts[name]
+        try:
+            return client.execute_command("EVALSHA", script.sha, 1, key, *args)
+        except rex.NoScriptError:
+            script.sha = client.script_load(script.script)
+            return client.execute_command("EVALSHA", script.sha, 1, key, *args)
 
     def _wait(self, r: AcquireRequest, notify_key: str, wait: float) -> int | None:
         """Block for a notification up to ``wait`` s; return a granted token, else None."""
@@ -332,13 +375,13 @@ class RedisEngine(Engine):
             return None
         return int(value)
 
-    def _acquire_call(self, keys: list[str], args: list[Any]) -> tuple[Any, int]:
+    def _acquire_call(self, key: str, args: list[Any]) -> tuple[Any, int]:
         """Run the acquire script; with ``wait_replicas``, WAIT on the same connection in
         the same round trip (WAIT counts the replicas that have this connection's writes)."""
         if not self.wait_replicas:
-            return self._run("acquire", keys, args), 0
+            return self._run("acquire", key, args), 0
         pipe = self.client.pipeline(transaction=False)
-        self._scripts["acquire"](keys=keys, args=args, client=pipe)
+        self._scripts["acquire"](keys=[key], args=args, client=pipe)
         pipe.wait(self.wait_replicas, self.wait_timeout_ms)
         reply, acked = pipe.execute()
         return reply, int(acked)
@@ -357,10 +400,11 @@ class RedisEngine(Engine):
                            owner=owner.decode() if isinstance(owner, bytes) else owner)
 
     def release(self, group: str, name: str, owner: str, mode: str) -> bool:
-        base = self._base(group, name)
-        with self._errors(group, name):
-            reply = self._run("release", [f"{base}:x"], [owner, mode])
-        return bool(reply[0])
+        try:
+            reply = self._run("release", f"{self.prefix}:{{{group}:{name}}}:x", [owner, mode])
+        except Exception as exc:
+            raise self._translate(exc, group, name) from exc
+        return bool(reply if reply.__class__ is int else reply[0])
 
     def renew(self, items: Sequence[RenewItem]) -> list[bool | None]:
         results: list[bool | None] = [None] * len(items)
@@ -416,7 +460,7 @@ class RedisEngine(Engine):
     def _describe_one(self, base: str) -> LockInfo | None:
         tag = base[len(self.prefix) + 2:-1]
         group, _, name = tag.partition(":")
-        writer, writer_token, writer_ttl, shared, queue, modes, tokens, now = self._run("describe", [f"{base}:x"], [])
+        writer, writer_token, writer_ttl, shared, queue, modes, tokens, now = self._run("describe", f"{base}:x", [])
         dec = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
         writer = dec(writer)
         if not writer and not shared and not queue:
@@ -436,7 +480,7 @@ class RedisEngine(Engine):
     def force_release(self, group: str, name: str) -> bool:
         base = self._base(group, name)
         with self._errors(group, name):
-            return bool(self._run("force_release", [f"{base}:x"], []))
+            return bool(self._run("force_release", f"{base}:x", []))
 
 
 def _parse_bool(raw: str) -> bool:

@@ -4,22 +4,30 @@
 -- ARGV[3] flags: three characters "1"/"0": fair, stay (wait in the queue if not acquired;
 --         "0" is the last try: leave the queue), queued (the owner may be in the queue)
 -- ARGV[4] lease ms   ARGV[5] waiter lease ms
--- Returns {1, token, evicted...} when the owner holds the lock (acquired now, granted by a
--- releaser meanwhile, or a writer downgrading), else {0, ms the holders' leases still run, evicted...}.
+-- Returns the token (an integer) when the write fast path acquired; else {1, token, evicted...}
+-- when the owner holds the lock (acquired now, granted by a releaser meanwhile, or a writer
+-- downgrading), or {0, ms the holders' leases still run, evicted...}.
 local o, mode, lease, wlease = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[5])
 local fair = string.sub(ARGV[3], 1, 1) == '1'
 local stay = string.sub(ARGV[3], 2, 2) == '1'
 local queued = string.sub(ARGV[3], 3, 3) == '1'
 
--- Fast path for a writer: nobody waits and no reader holds, so SET NX decides.
+-- Fast path for a writer: nobody waits and no reader holds, so SET NX decides. The token
+-- is peek_token/store_token of common.lua written out: no helper is defined yet.
 if mode == 'write' and not queued and redis.call('EXISTS', K.q, K.s) == 0 then
-  local tok = peek_token(nil)
-  if redis.call('SET', K.x, o .. '|' .. fmt(tok), 'NX', 'PX', lease) then
-    store_token(tok)
-    return {1, tok}
+  local last, tok = redis.call('GET', K.f), nil
+  if last then tok = tonumber(last) + 1 else
+    local t = redis.call('TIME')
+    tok = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  local text = string.format('%.0f', tok)
+  if redis.call('SET', K.x, o .. '|' .. text, 'NX', 'PX', lease) then
+    redis.call('SET', K.f, text, 'PX', RETENTION)
+    return tok
   end
 end
 
+--@common
 --@queue
 
 local now, now_us = clock()

@@ -1,5 +1,6 @@
--- common.lua: the prelude of every ylock script (not a script of its own); the queue
--- machinery that only slow paths need is in queue.lua, defined after the fast paths.
+-- common.lua: the prelude of every ylock script (not a script of its own). The keys come
+-- first; the helpers after --@functions are spliced in at a script's --@common line (after
+-- its fast path), and the queue machinery of queue.lua at its --@queue line.
 --
 -- KEYS[1] of every script is the lock's "x" key, "<prefix>:{<group>:<name>}:x"; the other
 -- keys of the lock share its {hash tag}, so they live in the same Cluster slot:
@@ -19,6 +20,9 @@ local BARGE = __BARGE_MS__
 local base = string.sub(KEYS[1], 1, -3)
 local K = {x = KEYS[1], s = base .. ':s', q = base .. ':q', m = base .. ':m', t = base .. ':t',
            f = base .. ':f', base = base}
+
+--@functions (a script's fast path runs above this line: defining the helpers below costs
+-- the server about a microsecond per call, so scripts splice them in at their --@common line)
 
 local function clock()
   local t = redis.call('TIME')
