@@ -150,6 +150,9 @@ def test_a_blackholed_server_costs_lock_calls_nothing(blackhole: Blackhole, vict
     blackhole.swallow = False
     wait_until(lambda: exporter.stats()["failed_batches"] >= 1, timeout=10, what="the hung write to time out")
     assert "Timeout" in (exporter.stats()["last_error"] or "") or "timed out" in exporter.stats()["last_error"]
+    # After a back-off it ships what it buffered, with nobody asking.
+    wait_until(lambda: exporter.stats()["shipped"] > 0 and exporter.stats()["queued"] == 0, timeout=10,
+               what="the buffered events to be shipped")
     recovered = group + "r"
     with ylock.Lock(engine, recovered, "after"):
         pass

@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any
 
 from ylock.events import Event
+from ylock.metrics.deferred import Deferred
 
 SPANS = ("wait", "hold", "release")
 PERCENTILES = (50, 90, 99)
@@ -41,7 +42,7 @@ class Reservoir:
         if len(self.sample) < self.size:
             self.sample.append(value)
         else:
-            slot = self._random.randrange(self.count)
+            slot = int(self._random.random() * self.count)   # randrange(count), 4x cheaper
             if slot < self.size:
                 self.sample[slot] = value
 
@@ -69,35 +70,45 @@ def _nearest_rank(ordered: list[float], p: float) -> float | None:
     return ordered[max(0, min(len(ordered), rank) - 1)]
 
 
-class Aggregator:
+class Aggregator(Deferred):
     """Subscribe an instance to :mod:`ylock.events` to summarise this process's locking.
 
-    Calling it is the subscriber: it takes one short mutex, so it is cheap on the lock path.
+    On the lock path it only queues the event (:class:`~ylock.metrics.deferred.Deferred`);
+    events are applied off it, and always before a :meth:`snapshot`.
     """
 
     def __init__(self, reservoir_size: int = 1024) -> None:
+        super().__init__()
         self.reservoir_size = reservoir_size
         self._mutex = threading.Lock()
         self._counts: dict[str, Counter[str]] = {}
         self._spans: dict[tuple[str, str], Reservoir] = {}
 
-    def __call__(self, event: Event) -> None:
+    def apply(self, events: list[Event]) -> None:
         with self._mutex:
-            counts = self._counts.get(event.group)
-            if counts is None:
-                counts = self._counts[event.group] = Counter()
-            counts[event.kind] += 1
-            for span in SPANS:
-                value = getattr(event, span)
-                if value is not None:
-                    key = (event.group, span)
-                    reservoir = self._spans.get(key)
-                    if reservoir is None:
-                        reservoir = self._spans[key] = Reservoir(self.reservoir_size)
-                    reservoir.add(value)
+            all_counts = self._counts
+            for event in events:
+                group = event.group
+                counts = all_counts.get(group)
+                if counts is None:
+                    counts = all_counts[group] = Counter()
+                counts[event.kind] += 1
+                if event.wait is not None:
+                    self._reservoir(group, "wait").add(event.wait)
+                if event.hold is not None:
+                    self._reservoir(group, "hold").add(event.hold)
+                if event.release is not None:
+                    self._reservoir(group, "release").add(event.release)
+
+    def _reservoir(self, group: str, span: str) -> Reservoir:
+        reservoir = self._spans.get((group, span))
+        if reservoir is None:
+            reservoir = self._spans[(group, span)] = Reservoir(self.reservoir_size)
+        return reservoir
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Return ``{group: {"counts": {kind: n}, "wait"|"hold"|"release": summary}}``."""
+        self.drain()
         with self._mutex:
             groups = sorted(self._counts)
             out: dict[str, dict[str, Any]] = {}
@@ -112,12 +123,14 @@ class Aggregator:
 
     def reset(self) -> None:
         """Forget everything recorded so far."""
+        self._pending.clear()
         with self._mutex:
             self._counts.clear()
             self._spans.clear()
 
     def _after_fork(self) -> None:
         # The parent's mutex may have been held at fork(); a child starts from zero.
+        super()._after_fork()
         self._mutex = threading.Lock()
         self._counts = {}
         self._spans = {}

@@ -1,13 +1,14 @@
 """Ship events off the lock path: a bounded buffer drained by one background thread.
 
-The subscriber side (:meth:`Shipper.__call__`, run synchronously inside lock calls) does
-a non-blocking put into a bounded queue and nothing else: no I/O, no serialisation, no
-waiting. When the queue is full (the sink is down or slower than the traffic) the event
-is dropped and counted; the lock call never notices. One daemon thread per shipper,
-started on the first event, drains the queue in batches (``batch_size`` events or
-``flush_interval`` seconds, whichever comes first) and hands each batch to
+The subscriber side (:meth:`Shipper.__call__`, run synchronously inside lock calls)
+appends to a bounded ``collections.deque`` and nothing else: no lock, no thread wake-up
+(but one per ``batch_size`` events), no I/O, no serialisation. When the buffer is full (the sink is down or slower than
+the traffic) the event is dropped and counted; the lock call never notices. One daemon thread per shipper,
+started on the first event, drains the buffer in batches (when ``batch_size`` events are
+waiting, and every ``flush_interval`` seconds) and hands each batch to
 :meth:`Shipper.ship`; a batch that fails is logged (rate-limited) and counted, then
-dropped. Memory is bounded by ``buffer_size`` queued events plus one batch in flight.
+dropped, and the next attempt waits (``flush_interval``, doubling up to :data:`MAX_BACKOFF`
+while failures go on). Memory is bounded by ``buffer_size`` queued events plus one batch in flight.
 
 Fork safety: a child process inherits neither the thread nor the parent's queued events;
 each shipper starts over empty in the child and starts its thread on its first event
@@ -16,9 +17,9 @@ each shipper starts over empty in the child and starts its thread on its first e
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import os
-import queue
 import threading
 import time
 import weakref
@@ -28,11 +29,10 @@ from ylock.events import Event
 
 logger = logging.getLogger("ylock.metrics")
 
-_FLUSH = object()   # ends the batch being collected, so a flush need not wait the interval
-_STOP = object()
-
 #: Seconds between two log lines about drops or failures of one shipper.
 LOG_EVERY = 10.0
+#: The longest wait between two attempts while the sink keeps failing.
+MAX_BACKOFF = 10.0
 
 
 class Shipper:
@@ -56,7 +56,12 @@ class Shipper:
         _live.add(self)
 
     def _reset(self) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue(self.buffer_size + 2)  # +2: room for sentinels
+        self._pending: collections.deque[Event] = collections.deque()
+        self._wake = threading.Event()      # set: ship now (a full batch, a flush, a close)
+        self._idle = threading.Condition()  # notified when the thread has shipped all it had
+        self._in_flight = 0
+        self._urgent = False                # a flush or close asked: skip the backoff
+        self._stopping = False
         self._thread: threading.Thread | None = None
         self._closed = False
         self._count_mutex = threading.Lock()
@@ -74,13 +79,14 @@ class Shipper:
             if self._closed:
                 return
             self._start()
-        if self._queue.qsize() >= self.buffer_size:
+        pending = self._pending
+        size = len(pending)
+        if size >= self.buffer_size:
             self._drop()
             return
-        try:
-            self._queue.put_nowait(event)
-        except queue.Full:
-            self._drop()
+        pending.append(event)   # atomic under the GIL: no lock, no wake-up per event
+        if size + 1 == self.batch_size:
+            self._wake.set()
 
     def _drop(self) -> None:
         with self._count_mutex:
@@ -109,38 +115,38 @@ class Shipper:
         raise NotImplementedError
 
     def _run(self) -> None:
+        pending, pop = self._pending, self._pending.popleft
+        backoff = 0.0
         while True:
-            batch, stop, taken = self._collect()
-            try:
-                if batch:
-                    self._ship_counted(batch)
-            finally:
-                for _ in range(taken):
-                    self._queue.task_done()
-            if stop:
+            if backoff:     # the sink failed: wait before trying it again (a flush or close cuts it short)
+                deadline = time.monotonic() + backoff
+                while not (self._urgent or self._stopping) and (left := deadline - time.monotonic()) > 0:
+                    self._wake.wait(left)
+                    self._wake.clear()
+            else:
+                self._wake.wait(self.flush_interval)
+                self._wake.clear()
+            self._urgent = False
+            while pending:
+                # in flight before it leaves the buffer: a flush never sees it in neither place
+                self._in_flight = count = min(len(pending), self.batch_size)
+                batch = [pop() for _ in range(count)]
+                try:
+                    shipped = self._ship_counted(batch)
+                finally:
+                    self._in_flight = 0
+                if not shipped:
+                    # Serialising and sending to a dead sink costs the process CPU (and the
+                    # GIL) for nothing: back off, and let the buffer fill and drop meanwhile.
+                    backoff = min(max(self.flush_interval, 2 * backoff), MAX_BACKOFF)
+                    break
+                backoff = 0.0
+            with self._idle:
+                self._idle.notify_all()
+            if self._stopping:
                 return
 
-    def _collect(self) -> tuple[list[Event], bool, int]:
-        """Wait for a batch: up to ``batch_size`` events within ``flush_interval`` of the first."""
-        item = self._queue.get()
-        if item is _STOP or item is _FLUSH:
-            return [], item is _STOP, 1
-        batch = [item]
-        deadline = time.monotonic() + self.flush_interval
-        while len(batch) < self.batch_size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                item = self._queue.get(timeout=remaining)
-            except queue.Empty:
-                break
-            if item is _STOP or item is _FLUSH:
-                return batch, item is _STOP, len(batch) + 1
-            batch.append(item)
-        return batch, False, len(batch)
-
-    def _ship_counted(self, batch: list[Event]) -> None:
+    def _ship_counted(self, batch: list[Event]) -> bool:
         try:
             self.ship(batch)
         except Exception as exc:  # noqa: BLE001 - a sink failure must not kill the thread
@@ -155,28 +161,26 @@ class Shipper:
             if log:
                 logger.warning("ylock %s exporter could not ship %d events (%d failed so far): %s",
                                self.kind, len(batch), self.failed, self.last_error)
-        else:
-            with self._count_mutex:
-                self.shipped += len(batch)
+            return False
+        with self._count_mutex:
+            self.shipped += len(batch)
+        return True
 
     # -- control ---------------------------------------------------------------------------
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Ship what is queued now; return True if the buffer drained within ``timeout`` seconds."""
         if self._thread is None:
-            return self._queue.unfinished_tasks == 0
-        try:
-            self._queue.put_nowait(_FLUSH)
-        except queue.Full:
-            pass  # a full buffer makes full batches: no need to cut one short
+            return not self._pending
         deadline = time.monotonic() + timeout
-        done = self._queue.all_tasks_done
-        with done:
-            while self._queue.unfinished_tasks:
+        with self._idle:
+            while self._pending or self._in_flight:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                done.wait(remaining)
+                self._urgent = True
+                self._wake.set()
+                self._idle.wait(min(remaining, 0.1))
         return True
 
     def close(self, timeout: float = 2.0) -> None:
@@ -186,16 +190,14 @@ class Shipper:
             self._closed = True
             thread, self._thread = self._thread, None
         if thread is not None:
-            try:
-                self._queue.put_nowait(_STOP)
-            except queue.Full:
-                return  # daemon thread: it dies with the process
+            self._stopping = True
+            self._wake.set()
             thread.join(timeout)
 
     def stats(self) -> dict[str, Any]:
-        """Return queued, shipped, dropped and failed event counts and the last error."""
+        """Return queued (buffered), in-flight, shipped, dropped and failed event counts and the last error."""
         with self._count_mutex:
-            return {"queued": max(0, self._queue.qsize()), "capacity": self.buffer_size,
+            return {"queued": len(self._pending), "in_flight": self._in_flight, "capacity": self.buffer_size,
                     "shipped": self.shipped, "dropped": self.dropped, "failed": self.failed,
                     "failed_batches": self.failed_batches, "last_error": self.last_error}
 

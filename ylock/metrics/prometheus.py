@@ -12,20 +12,23 @@ metric                                 type       labels
 ``ylock_exporter_queued``              gauge      exporter
 =====================================  =========  ==============================================
 
-Updating a counter or a histogram is an in-memory operation, so this exporter is called
-directly on the lock path. Metrics live in their own ``CollectorRegistry`` by default
-(:attr:`PrometheusExporter.registry`, which the Django and Flask plugins serve at
+The lock path only queues the event (:mod:`ylock.metrics.deferred`); the counts are
+kept in plain dicts, updated in batches off the lock path and always before a scrape, and
+turned into metric families by a collector of the exporter's own. Metrics live in their
+own ``CollectorRegistry`` by default (:attr:`PrometheusExporter.registry`, which the Django and Flask plugins serve at
 ``/metrics`` when asked); pass ``prometheus_client.REGISTRY`` to add them to an existing
 endpoint instead. Multi-process servers need ``prometheus_client``'s multiprocess mode,
 as for any other metric.
 """
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ylock.events import Event
 from ylock.metrics.background import live_shippers
+from ylock.metrics.deferred import Deferred
 from ylock.metrics.tags import LABELS, Tagging
 
 #: Histogram buckets in seconds: from a local round trip to a long hold.
@@ -60,42 +63,101 @@ class _ShipperCollector:
         yield queued
 
 
-class PrometheusExporter:
-    """Count events and observe spans into Prometheus metrics; subscribe it to :mod:`ylock.events`."""
+class PrometheusExporter(Deferred):
+    """Count events and observe spans into Prometheus metrics; subscribe it to :mod:`ylock.events`.
+
+    The counts live in plain dicts, updated in batches off the lock path, and a collector
+    of its own turns them into the metric families at scrape time (``prometheus-client``'s
+    ``Counter``/``Histogram`` take a lock per update: several microseconds per event).
+    """
 
     def __init__(self, registry: Any = None, *, namespace: str = "ylock", tagging: Tagging | None = None,
                  buckets: Sequence[float] = BUCKETS) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry
 
-        self.registry = CollectorRegistry(auto_describe=True) if registry is None else registry
+        super().__init__()
+        bounds = sorted(float(b) for b in buckets)
+        if not bounds or any(b != b for b in bounds):
+            raise ValueError(f"buckets must be numbers, got {buckets!r}")
+        self.buckets = tuple(b for b in bounds if b != float("inf"))
         self.namespace = namespace
         self.tagging = tagging or Tagging()
-        span_labels = ("group", "name", "engine", "mode")
-        self.events = Counter("events", "Lock events by outcome (acquired, timed_out, released, renewed, lost, "
-                              "waiter_evicted)", LABELS, namespace=namespace, registry=self.registry)
-        self.wait = Histogram("wait_seconds", "Seconds from a lock call to its outcome (acquired or timed_out)",
-                              LABELS, namespace=namespace, registry=self.registry, buckets=buckets)
-        self.hold = Histogram("hold_seconds", "Seconds from first acquisition to final release",
-                              span_labels, namespace=namespace, registry=self.registry, buckets=buckets)
-        self.release = Histogram("release_seconds", "Seconds a final release call took",
-                                 span_labels, namespace=namespace, registry=self.registry, buckets=buckets)
+        self._events: dict[tuple[str, ...], int] = {}
+        self._labels: dict[tuple[Any, ...], tuple[str, ...]] = {}   # event[:5] -> label values
+        # span -> labels -> [count per bucket (the last one: above every bound)..., sum]
+        self._spans: dict[str, dict[tuple[str, ...], list[float]]] = {"wait": {}, "hold": {}, "release": {}}
+        self.registry = CollectorRegistry(auto_describe=True) if registry is None else registry
+        self.registry.register(_Collector(self))
         self.registry.register(_ShipperCollector(namespace))
 
     def __repr__(self) -> str:
         return f"<PrometheusExporter namespace={self.namespace}>"
 
-    def __call__(self, event: Event) -> None:
-        labels = self.tagging.labels(event)
-        self.events.labels(*labels).inc()
-        if event.wait is not None:
-            self.wait.labels(*labels).observe(event.wait)
-        if event.hold is not None:
-            self.hold.labels(*labels[:4]).observe(event.hold)
-        if event.release is not None:
-            self.release.labels(*labels[:4]).observe(event.release)
+    def apply(self, events: list[Event]) -> None:
+        counts, labels_of, buckets = self._events, self.tagging.labels, self.buckets
+        waits, holds, releases = self._spans["wait"], self._spans["hold"], self._spans["release"]
+        width = len(buckets) + 2
+        cache = self._labels
+        for event in events:
+            raw = event[:5]                  # kind, group, name, engine, mode
+            labels = cache.get(raw)
+            if labels is None:
+                labels = cache[raw] = labels_of(event)
+            counts[labels] = counts.get(labels, 0) + 1
+            for table, value, key in ((waits, event.wait, labels), (holds, event.hold, labels[:4]),
+                                      (releases, event.release, labels[:4])):
+                if value is not None:
+                    row = table.get(key)
+                    if row is None:
+                        row = table[key] = [0.0] * width
+                    row[bisect.bisect_left(buckets, value)] += 1
+                    row[-1] += value
+
+    def families(self) -> list[Any]:
+        """Return the metric families of what was recorded (every pending event applied)."""
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+        from prometheus_client.utils import floatToGoString
+
+        self.drain()
+        with self._drain_mutex:     # no batch is being applied while we read
+            events = dict(self._events)
+            spans = {span: {k: list(v) for k, v in rows.items()} for span, rows in self._spans.items()}
+        ns = self.namespace
+        counter = CounterMetricFamily(f"{ns}_events", "Lock events by outcome (acquired, timed_out, released, "
+                                      "renewed, lost, waiter_evicted)", labels=LABELS)
+        for labels, value in sorted(events.items()):
+            counter.add_metric(labels, value)
+        out: list[Any] = [counter]
+        bounds = [floatToGoString(b) for b in self.buckets] + ["+Inf"]
+        for span, doc, labelnames in (
+                ("wait", "Seconds from a lock call to its outcome (acquired or timed_out)", LABELS),
+                ("hold", "Seconds from first acquisition to final release", LABELS[:4]),
+                ("release", "Seconds a final release call took", LABELS[:4])):
+            family = HistogramMetricFamily(f"{ns}_{span}_seconds", doc, labels=labelnames)
+            for labels, row in sorted(spans[span].items()):
+                cumulative, running = [], 0.0
+                for bound, count in zip(bounds, row[:-1]):
+                    running += count
+                    cumulative.append((bound, running))
+                family.add_metric(list(labels), cumulative, row[-1])
+            out.append(family)
+        return out
 
     def expose(self) -> tuple[bytes, str]:
         """Return the text exposition of :attr:`registry` and its content type (for a ``/metrics`` view)."""
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _Collector:
+    """Hands the exporter's families to its registry at scrape time."""
+
+    def __init__(self, exporter: PrometheusExporter) -> None:
+        self.exporter = exporter
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        return iter(self.exporter.families())
