@@ -178,3 +178,28 @@ def _try(lock: ylock.Lock) -> bool:
     except (ylock.EngineUnavailable, ylock.LockLost):
         return False
     return False
+
+
+def test_force_release_is_seen_however_soon_it_comes(zookeeper_server, group):
+    """The loss watch rides on the recipe's own children read: a force-release right after
+    the acquisition, or while another client waits, is reported every time."""
+    engine = ylock.engine_from_url(zookeeper_server.url("/force"))
+    other = ylock.engine_from_url(zookeeper_server.url("/force"))
+    for i in range(16):
+        name = f"n{i}"
+        lock = ylock.Lock(engine, group, name)
+        lock.lock()
+        waiter = None
+        if i % 2:
+            waiter = threading.Thread(target=lambda n=name: ylock.Lock(other, group, n).try_lock(5))
+            waiter.start()
+            wait_until(lambda n=name: any(info.waiters for info in other.describe(group) if info.name == n),
+                       what="a waiter")
+        assert other.force_release(group, name) is True
+        wait_until(lambda lk=lock: lk.lost, what=f"iteration {i}: the force-release reported as a loss")
+        with pytest.raises(ylock.LockLost):
+            lock.unlock()
+        if waiter is not None:
+            waiter.join(10)
+            assert not waiter.is_alive()
+            other.force_release(group, name)      # whatever the waiter (dropped with the holder) did next

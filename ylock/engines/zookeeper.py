@@ -38,7 +38,7 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -69,23 +69,46 @@ _UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, Oper
 
 
 class _RecordingClient:
-    """The KazooClient as a recipe sees it, except that ``create`` also fetches the new
-    node's stat in the same round trip (CREATE2) and keeps it: its czxid is the token."""
+    """The KazooClient as a recipe sees it, except that
+
+    - ``create`` also fetches the new node's stat in the same round trip (CREATE2) and
+      keeps it: its czxid is the token;
+    - ``get_children`` (the recipe's "am I first?" read) also leaves a child watch on the
+      lock parent: every change of the lock's nodes then calls :attr:`on_change`, which
+      checks that the holder's node is still there. So a force-release is seen without
+      a request of its own on the uncontended path.
+    """
 
     def __init__(self, client: KazooClient) -> None:
         self._client = client
         self.stat: Any = None
+        self.changed = False                       # a child watch fired since the last read
+        self.on_change: Callable[[], None] | None = None
+        self.arm = False     # our node was created: the recipe's reads now set the watch
 
     def create(self, path: str, value: bytes = b"", **kwargs: Any) -> str:
         created, self.stat = self._client.create(path, value, include_data=True, **kwargs)
+        self.arm = True
         return created  # type: ignore[no-any-return]
+
+    def get_children(self, path: str, watch: Any = None, **kwargs: Any) -> Any:
+        if watch is None and self.arm:
+            self.changed = False
+            watch = self._children_changed
+        return self._client.get_children(path, watch=watch, **kwargs)
+
+    def _children_changed(self, event: Any) -> None:
+        self.changed = True
+        on_change = self.on_change
+        if on_change is not None:
+            on_change()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
 
 
 class _Hold:
-    __slots__ = ("recipe", "proxy", "node", "token", "downgraded", "lost")
+    __slots__ = ("recipe", "proxy", "node", "token", "downgraded", "lost", "watched")
 
     def __init__(self, recipe: Any, proxy: _RecordingClient, token: int) -> None:
         self.recipe = recipe
@@ -94,6 +117,7 @@ class _Hold:
         self.token = token
         self.downgraded = False    # a read hold riding on this write node
         self.lost = False
+        self.watched = False       # an exists watch on the node is set
 
 
 class ZooKeeperEngine(Engine):
@@ -299,10 +323,28 @@ class ZooKeeperEngine(Engine):
         with self._mutex:
             self._holds[key] = hold
             self._released.pop(recipe.path, None)
-        # A watch on our node reports a force-release (or a lost session) as a loss; sent
-        # without waiting for the answer, so it costs the acquire no round trip.
-        client.exists_async(hold.node, watch=lambda event, k=key, h=hold: self._node_gone(k, h))
+        # The recipe's get_children left a child watch on the lock parent: when the lock's
+        # nodes change, check (once) that ours is still there and watch it from then on.
+        proxy.on_change = lambda k=key, h=hold: self._check_node(client, k, h)
+        proxy.arm = False           # the watch is set; the next acquisition sets it anew
+        if proxy.changed:           # it fired before on_change was set
+            self._check_node(client, key, hold)
         return token
+
+    def _check_node(self, client: KazooClient, key: tuple[str, str, str, str], hold: _Hold) -> None:
+        """Watch ``hold``'s node (asynchronously); report it lost if it is gone."""
+        if hold.watched or self._holds.get(key) is not hold:
+            return
+        hold.watched = True
+
+        def answered(result: Any) -> None:
+            try:
+                stat = result.get_nowait()
+            except Exception:  # noqa: BLE001 - no answer (connection loss): the session events decide
+                return
+            if stat is None:
+                self._node_gone(key, hold)
+        client.exists_async(hold.node, watch=lambda event: self._node_gone(key, hold)).rawlink(answered)
 
     def _acquire_bounded(self, recipe: Any, timeout: float | None) -> bool:
         """Run kazoo's acquire; with a timeout, never block the caller past it (kazoo's
@@ -372,6 +414,10 @@ class ZooKeeperEngine(Engine):
                 still_there = hold.recipe.release()
             except NoNodeError:
                 still_there = False
+        if still_there:
+            # Our node is gone for sure: the recipe's next acquire need not look for a
+            # node left by an earlier attempt (kazoo would read the children for it).
+            hold.recipe.create_tried = False
         self._keep_recipe((group, name, owner, WRITE if hold.recipe.__class__ is WriteLock else READ),
                           hold.recipe, hold.proxy)
         return bool(still_there) and not hold.lost
