@@ -474,7 +474,8 @@ def plot(r: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(15, 6.5))
-    rows = {k: v for k, v in r["uncontended"].items() if not k.startswith("floor")}
+    # The local engine (no network) would stretch the axis tenfold: it is in the table.
+    rows = {k: v for k, v in r["uncontended"].items() if not k.startswith("floor") and "local" not in k}
     names = list(rows)
     axes[0].barh(names, [rows[n]["median"] for n in names],
                  xerr=[[rows[n]["median"] - rows[n]["min"] for n in names],
@@ -482,19 +483,21 @@ def plot(r: dict[str, Any], path: Path) -> None:
                  color=["tab:orange" if n.startswith("ylock") else "tab:gray" for n in names])
     for floor, style in (("floor: Redis EVALSHA round trip", "--"), ("floor: ZooKeeper exists round trip", ":")):
         axes[0].axvline(r["uncontended"][floor]["median"] / 2, linestyle=style, color="k", label=floor + " / 2")
-    axes[0].set_xlabel("acquire+release per second (one client)")
+    axes[0].set_xlabel("acquire+release per second (one client; higher is better)")
     axes[0].invert_yaxis()
     axes[0].legend(fontsize=8)
     if "contended" in r:
         crow = {k: v for k, v in r["contended"].items() if "control" not in k and k.startswith("4 processes")}
         cn = list(crow)
-        axes[1].barh([n.split(": ", 1)[1] for n in cn], [crow[n]["gap_p50_ms"] or 0 for n in cn],
-                     label="gap p50", color="tab:blue")
-        axes[1].barh([n.split(": ", 1)[1] for n in cn], [crow[n]["cross_wait_p99_ms"] or 0 for n in cn],
-                     left=[crow[n]["gap_p50_ms"] or 0 for n in cn], label="wait p99 (other processes)",
-                     color="tab:red", alpha=0.5)
+        y = list(range(len(cn)))
+        axes[1].barh([i - 0.2 for i in y], [crow[n]["gap_p50_ms"] or 0 for n in cn], height=0.4,
+                     label="release → next acquire, p50", color="tab:blue")
+        axes[1].barh([i + 0.2 for i in y], [crow[n]["cross_wait_p99_ms"] or 0 for n in cn], height=0.4,
+                     label="wait p99 of the processes that took it from another", color="tab:red", alpha=0.6)
+        axes[1].set_yticks(y, [n.split(": ", 1)[1] for n in cn])
         axes[1].set_xscale("log")
-        axes[1].set_xlabel("milliseconds (log), 4 processes on one lock")
+        axes[1].set_xlim(left=0.05)
+        axes[1].set_xlabel("milliseconds (log; lower is better), 4 processes on one lock")
         axes[1].invert_yaxis()
         axes[1].legend(fontsize=8)
     fig.suptitle("ylock vs Python lock libraries (same run, same servers)")

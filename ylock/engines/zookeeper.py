@@ -27,7 +27,11 @@ Guarantees: exclusion holds while the holder's session lives; quorum writes are 
 on failover. A session that expires (the process paused past ``session_timeout``, or cut
 off) marks every hold lost (``lock.lost``, ``LockLost`` at release, a ``lost`` event); a
 suspended connection publishes a ``suspended`` event. A force-released hold is detected
-through a watch on its node. Downgrade: a writer may take the read lock, but on ZooKeeper
+through the child watch that the recipe's own "am I first?" read leaves on the lock
+parent (no request of its own): when the lock's nodes change, the engine checks, once,
+that the holder's node is still there, and watches it from then on. Requests per
+uncontended acquire+release: 3 (create, get_children, delete; kazoo's own recipe, reused,
+makes 4). Downgrade: a writer may take the read lock, but on ZooKeeper
 its hold stays exclusive until it releases the read lock too (creating a read node while
 writers queue behind the write node would let one of them in early).
 """
