@@ -26,18 +26,24 @@ class YLockConfig(AppConfig):
         configure_metrics()
 
 
+#: What YLOCK['METRICS'] started (``ylock.metrics.Metrics``), or None; the /metrics view reads it.
+METRICS: Any = None
+
+
 def configure_metrics() -> None:
     """Start the exporters that YLOCK['METRICS'] asks for (invalid settings are left to
     the system checks, so that ``manage.py check`` can report them)."""
     from django_ylock import conf
 
+    global METRICS
+    METRICS = None
     metrics = conf.ylock_settings().get("METRICS")
     if metrics is None:
         return
     try:
         import ylock.metrics
 
-        ylock.metrics.configure(metrics, setting="YLOCK['METRICS']")
+        METRICS = ylock.metrics.configure(metrics, setting="YLOCK['METRICS']")
     except (ylock.ConfigurationError, ImportError) as exc:
         logger.error("ylock: metrics not started: %s", exc)
 

@@ -51,5 +51,7 @@ YLOCK = {
 }
 if url_from_env("YLOCK_URL"):
     YLOCK["ENGINES"] = {"default": {"URL": url_from_env("YLOCK_URL")}}
+# Prometheus at /metrics always; InfluxDB too when $INFLUXDB_URL is set.
+YLOCK["METRICS"] = {"PROMETHEUS": True, "UNTAGGED_GROUPS": ["users"]}
 if url_from_env("INFLUXDB_URL"):
-    YLOCK["METRICS"] = {"INFLUXDB": True, "UNTAGGED_GROUPS": ["users"]}
+    YLOCK["METRICS"]["INFLUXDB"] = True

@@ -1,3 +1,5 @@
 from django.urls import include, path
 
-urlpatterns = [path("", include("bank.urls"))]
+import django_ylock.views
+
+urlpatterns = [path("", include("bank.urls")), path("metrics", django_ylock.views.metrics)]

@@ -47,6 +47,9 @@ print("balance", c.get("/accounts/2/balance").json())
 print("async", c.get("/accounts/2/async-balance").json())
 print("on_commit", c.post("/accounts/2/deposit-on-commit").json())
 print("api", c.post("/api/profile").status_code)
+m = c.get("/metrics")
+print("metrics", m.status_code, [l for l in m.content.decode().splitlines()
+                                 if l.startswith('ylock_events_total{engine="redis",group="ledger"')])
 """
 
 
@@ -58,5 +61,6 @@ def test_example_views_show_each_feature(tmp_path):
     assert "overdraw 409" in out and "audit {'total': 200}" in out
     assert "balance {'balance': 130}" in out and "async {'balance': 130}" in out
     assert "on_commit {'balance': 131}" in out and "api 200" in out
+    assert re.search(r"metrics 200 \[.*outcome=\"acquired\"\} [1-9]", out), out
     check = manage(tmp_path, "check", "--deploy")
     assert "django_ylock.W003" in check.stdout + check.stderr        # embedded Redis is not for production

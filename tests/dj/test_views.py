@@ -280,3 +280,20 @@ def test_locked_view_on_zookeeper(settings, zookeeper_server, client: Client):
         done.set()
         runner.outcome()
     assert client.get("/balance/51/").status_code == 200
+
+
+def test_prometheus_metrics_view(settings, redis_server, client: Client):
+    assert client.get("/metrics").status_code == 404          # not configured: no endpoint
+    settings.YLOCK = {"ENGINES": {"default": {"URL": redis_server.url, "OPTIONS": {"prefix": "dj"}}},
+                      "METRICS": {"PROMETHEUS": {"NAMESPACE": "djylock"}}}
+    try:
+        assert client.post("/transfer/5/").status_code == 200
+        response = client.get("/metrics")
+        assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
+        text = response.content.decode()
+        assert ('djylock_events_total{engine="redis",group="accounts",mode="write",name="5",outcome="acquired"} 1.0'
+                in text)
+        assert 'djylock_hold_seconds_count{engine="redis",group="accounts",mode="write",name="5"} 1.0' in text
+    finally:
+        import ylock.metrics
+        ylock.metrics.shutdown()

@@ -1,5 +1,6 @@
 from django.urls import path
 
+import django_ylock.views
 from tests.dj import views
 
 urlpatterns = [
@@ -12,4 +13,5 @@ urlpatterns = [
     path("committed/<int:account_id>/", views.committed),
     path("api/plain/", views.plain),
     path("health/", views.plain),
+    path("metrics", django_ylock.views.metrics),
 ]
