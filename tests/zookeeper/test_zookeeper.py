@@ -96,7 +96,7 @@ def test_storage_shrinks_back_after_many_names(zookeeper_server, group):
         start = count()
         assert start == 1                              # /storage/ylock
         locks = ylock.Locks(engine, group)
-        for i in range(2000):
+        for i in range(10_000):
             with locks.write(f"user-{i}"):
                 pass
         # kazoo leaves every lock's parent znode behind; the engine's reaper deletes those
