@@ -38,7 +38,11 @@ if mode == 'read' and not writer and not queued and redis.call('LLEN', K.q) == 0
   return {1, grant_read(o, lease, now, now_us)}
 end
 
-expire_readers(now)
+-- A writer asking while another writer holds can neither enter nor be granted: it only
+-- joins the queue, so it skips the readers' expiry and the dead-head eviction (three
+-- calls per contended acquisition; the holder's release does both before handing on).
+local busy = mode == 'write' and writer and writer ~= o
+if not busy then expire_readers(now) end
 local evicted = {}
 local function done(status, value)
   local out = {status, value}
@@ -60,8 +64,8 @@ if mode == 'read' and writer == o then
   return done(1, grant_read(o, lease, now, now_us, wtok))
 end
 
-live_head(evicted)
-if may_enter(writer, o, mode, fair, now) then
+if not busy then live_head(evicted) end
+if not busy and may_enter(writer, o, mode, fair, now) then
   if queued then dequeue(o) end
   local tok
   if mode == 'write' then tok = grant_write(o, lease, now_us) else
