@@ -77,3 +77,48 @@ class Runner(threading.Thread):
         if self.error is not None:
             raise self.error
         return self.result
+
+
+class LockLoad:
+    """Threads taking write locks in a loop until stopped, counting each outcome: the load
+    that fault tests (failover, leader killed) run while they break the servers."""
+
+    def __init__(self, locks: list[ylock.Lock], timeout: float) -> None:
+        self.outcomes = {"ok": 0, "unavailable": 0, "timeout": 0, "lost": 0}
+        self._stop = threading.Event()
+        self._timeout = timeout
+        self._threads = [threading.Thread(target=self._run, args=(lock,), daemon=True) for lock in locks]
+
+    def __enter__(self) -> LockLoad:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def _run(self, lock: ylock.Lock) -> None:
+        while not self._stop.is_set():
+            try:
+                with lock.write(timeout=self._timeout):
+                    pass
+                self.outcomes["ok"] += 1
+            except ylock.EngineUnavailable:
+                self.outcomes["unavailable"] += 1
+                time.sleep(0.05)
+            except ylock.LockTimeout:
+                self.outcomes["timeout"] += 1
+            except ylock.LockLost:
+                self.outcomes["lost"] += 1
+
+    def progress(self, calls: int, timeout: float, what: str) -> None:
+        """Wait until ``calls`` more lock calls succeed."""
+        ok = self.outcomes["ok"]
+        wait_until(lambda: self.outcomes["ok"] >= ok + calls, timeout=timeout, what=f"{what}: {self.outcomes}")
+
+    def stop(self, join: float) -> None:
+        """Stop the load; assert that no lock call hung."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(join)
+            assert not t.is_alive(), f"a lock call hung: {self.outcomes}"

@@ -3,14 +3,13 @@ Each asserts that nothing hangs past its timeout and that exclusion survives or 
 is reported."""
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 import redis
 
 import ylock
-from tests.helpers import Runner, expect_event
+from tests.helpers import LockLoad, Runner, expect_event
 from ylock import events
 from ylock.testing.redis import RedisCluster, RedisServer
 
@@ -110,37 +109,11 @@ def test_ten_thousand_holds_are_renewed_in_few_round_trips(redis_server, group):
 
 def test_sentinel_failover_under_load_does_not_hang(redis_sentinel, group):
     engine = ylock.engine_from_url(redis_sentinel.url + "?socket_timeout=1")
-    outcomes: dict[str, int] = {"ok": 0, "unavailable": 0, "timeout": 0, "lost": 0}
-    stop = threading.Event()
-
-    def load(i: int) -> None:
-        lock = ylock.Lock(engine, group, f"n{i % 2}", lease=2)
-        while not stop.is_set():
-            try:
-                with lock.write(timeout=1):
-                    pass
-                outcomes["ok"] += 1
-            except ylock.EngineUnavailable:
-                outcomes["unavailable"] += 1
-                time.sleep(0.05)
-            except ylock.LockTimeout:
-                outcomes["timeout"] += 1
-            except ylock.LockLost:
-                outcomes["lost"] += 1
-    threads = [threading.Thread(target=load, args=(i,), daemon=True) for i in range(4)]
-    for t in threads:
-        t.start()
-    redis_sentinel.failover()
-    ok_at_failover = outcomes["ok"]
-    deadline = time.monotonic() + 20
-    while outcomes["ok"] < ok_at_failover + 20:        # the engine follows the new master
-        assert time.monotonic() < deadline, f"no progress after failover: {outcomes}"
-        time.sleep(0.05)
-    stop.set()
-    for t in threads:
-        t.join(10)
-        assert not t.is_alive(), "a lock call hung through the failover"
-    print("sentinel failover outcomes:", outcomes)
+    with LockLoad([ylock.Lock(engine, group, f"n{i % 2}", lease=2) for i in range(4)], timeout=1) as load:
+        redis_sentinel.failover()
+        load.progress(20, timeout=20, what="progress after the failover")    # the engine follows the new master
+        load.stop(join=10)
+    print("sentinel failover outcomes:", load.outcomes)
 
 
 def test_cluster_master_killed_fails_within_timeouts():

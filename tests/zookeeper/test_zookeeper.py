@@ -14,7 +14,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 import ylock
-from tests.helpers import expect_event, wait_until
+from tests.helpers import LockLoad, expect_event, wait_until
 from tests.zookeeper import workers
 from ylock import events
 from ylock.testing.zookeeper import ZooKeeperEnsemble
@@ -112,35 +112,12 @@ def test_leader_killed_under_load_nothing_hangs(group):
     ensemble = ZooKeeperEnsemble(3).start()
     try:
         engine = ylock.engine_from_url(ensemble.url("/leader") + "?session_timeout=4")
-        outcomes = {"ok": 0, "unavailable": 0, "timeout": 0, "lost": 0}
-        stop = threading.Event()
-
-        def load(i: int) -> None:
-            lock = ylock.Lock(engine, group, f"n{i % 2}")
-            while not stop.is_set():
-                try:
-                    with lock.write(timeout=2):
-                        pass
-                    outcomes["ok"] += 1
-                except ylock.EngineUnavailable:
-                    outcomes["unavailable"] += 1
-                    time.sleep(0.05)
-                except ylock.LockTimeout:
-                    outcomes["timeout"] += 1
-                except ylock.LockLost:
-                    outcomes["lost"] += 1
-        threads = [threading.Thread(target=load, args=(i,), daemon=True) for i in range(3)]
-        for t in threads:
-            t.start()
-        wait_until(lambda: outcomes["ok"] > 20, what="load running")
-        ensemble.leader().stop()
-        ok = outcomes["ok"]
-        wait_until(lambda: outcomes["ok"] > ok + 20, timeout=45, what="progress after the leader died")
-        stop.set()
-        for t in threads:
-            t.join(15)
-            assert not t.is_alive(), "a lock call hung through the election"
-        print("leader killed:", outcomes)
+        with LockLoad([ylock.Lock(engine, group, f"n{i % 2}") for i in range(3)], timeout=2) as load:
+            load.progress(20, timeout=10, what="load running")
+            ensemble.leader().stop()
+            load.progress(20, timeout=45, what="progress after the leader died")
+            load.stop(join=15)
+        print("leader killed:", load.outcomes)
     finally:
         ensemble.stop()
 
