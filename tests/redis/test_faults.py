@@ -75,7 +75,7 @@ def test_notify_hands_the_lock_over_without_waiting_for_a_poll(redis_server, gro
     runner.start()
     from tests.helpers import wait_until, waiters
     wait_until(lambda: waiters(engine, group, "n"), what="queued")
-    time.sleep(0.05)                               # let the waiter enter its blocking pop
+    # Queued is enough: a grant pushed before the waiter blocks waits in its list.
     released = time.monotonic()
     holder.unlock()
     runner.outcome()
