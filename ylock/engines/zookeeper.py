@@ -37,8 +37,11 @@ writers queue behind the write node would let one of them in early).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
+import os
+import queue
 import threading
 import time
 import warnings
@@ -109,6 +112,61 @@ class _RecordingClient:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
+
+
+class _Acquirers:
+    """Daemon threads that run kazoo's blocking acquire for calls with a finite timeout,
+    so the caller never waits past it: reused rather than started per call, one more
+    started whenever none is idle (a busy pool never times a caller out), and daemons, so
+    an acquire hung on a lost quorum never holds up the interpreter's exit."""
+
+    def __init__(self) -> None:
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = \
+            queue.SimpleQueue()
+        self._mutex = threading.Lock()
+        self._idle = 0
+
+    def submit(self, func: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._mutex:
+            if self._idle:
+                self._idle -= 1
+            else:
+                threading.Thread(target=self._work, name="ylock-zk-acquire", daemon=True).start()
+        self._tasks.put((func, future))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            func, future = self._tasks.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(func())
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    future.set_exception(exc)
+            with self._mutex:
+                self._idle += 1
+
+
+_pool: _Acquirers | None = None
+_pool_mutex = threading.Lock()
+
+
+def _acquirers() -> _Acquirers:
+    global _pool
+    if _pool is None:
+        with _pool_mutex:
+            if _pool is None:
+                _pool = _Acquirers()
+    return _pool
+
+
+def _forget_pool_after_fork() -> None:
+    global _pool, _pool_mutex
+    _pool, _pool_mutex = None, threading.Lock()   # the parent's threads do not exist here
+
+
+os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
 class _Hold:
@@ -360,31 +418,25 @@ class ZooKeeperEngine(Engine):
                 return False
         if timeout == 0:
             return bool(recipe.acquire(blocking=False))
-        outcome: dict[str, Any] = {}
-
-        def run() -> None:
+        def run() -> bool:
             try:
-                outcome["got"] = recipe.acquire(blocking=True, timeout=timeout)
+                return bool(recipe.acquire(blocking=True, timeout=timeout))
             except (KazooLockTimeout, CancelledError):
-                outcome["got"] = False
-            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
-                outcome["error"] = exc
-        worker = threading.Thread(target=run, name="ylock-zk-acquire", daemon=True)
-        worker.start()
-        worker.join(timeout + min(1.0, self.session_timeout / 4))
-        if worker.is_alive():
+                return False
+        future = _acquirers().submit(run)
+        try:
+            return bool(future.result(timeout + min(1.0, self.session_timeout / 4)))
+        except concurrent.futures.TimeoutError:
             recipe.cancel()
-            worker.join(0.5)
-            if worker.is_alive():
-                threading.Thread(target=self._release_when_done, args=(worker, recipe), daemon=True).start()
-                raise OperationTimeoutError(f"no answer within the {timeout:.3g} s timeout")
-        if "error" in outcome:
-            raise outcome["error"]
-        return bool(outcome.get("got"))
+            try:
+                return bool(future.result(0.5))
+            except concurrent.futures.TimeoutError:
+                future.add_done_callback(lambda f: self._release_if_acquired(recipe))
+                raise OperationTimeoutError(f"no answer within the {timeout:.3g} s timeout") from None
 
     @staticmethod
-    def _release_when_done(worker: threading.Thread, recipe: Any) -> None:
-        worker.join()
+    def _release_if_acquired(recipe: Any) -> None:
+        """A hung acquire that we gave up on finally got the lock: give it back."""
         if recipe.is_acquired:
             with contextlib.suppress(Exception):
                 recipe.release()
