@@ -65,9 +65,10 @@ end
 
 -- Hand the lock on from the head of the queue. A fair head is granted the lock right
 -- here (with its short waiter lease, until its watchdog renews it) and gets its token
--- pushed; a run of readers is granted together. A non-fair head is only woken.
-local function dispatch(now, now_us, evicted)
-  if redis.call('EXISTS', K.x) == 1 then return end
+-- pushed; a run of readers is granted together. A non-fair head is only woken. ``free``:
+-- the caller knows no writer holds (it just deleted the x key itself).
+local function dispatch(now, now_us, evicted, free)
+  if not free and redis.call('EXISTS', K.x) == 1 then return end
   local granted = 0
   while granted < 1000 do
     local head = live_head(evicted)

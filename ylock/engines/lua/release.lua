@@ -34,7 +34,7 @@ end
 local now, now_us = clock()
 expire_readers(now)
 local evicted = {}
-dispatch(now, now_us, evicted)
+dispatch(now, now_us, evicted, mode == 'write' and held == 1)   -- we just deleted x
 local out = {held}
 for _, e in ipairs(evicted) do table.insert(out, e) end
 return out
