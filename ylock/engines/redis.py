@@ -49,6 +49,7 @@ from redis.retry import Retry
 
 from ylock import events
 from ylock.engines.base import WRITE, AcquireRequest, Engine, LockInfo, RenewItem
+from ylock.engines.redis_direct import DirectCalls
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
 
 logger = logging.getLogger("ylock.redis")
@@ -113,6 +114,7 @@ class RedisEngine(Engine):
         self.client_options = client_options
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
+        self._call: Any = None     # DirectCalls, or the client's execute_command on Cluster
         self._init_lock = threading.Lock()
 
     @classmethod
@@ -158,6 +160,8 @@ class RedisEngine(Engine):
                     # Scripts first, client last: another thread that sees the client
                     # must also see its scripts.
                     self._scripts = {name: client.register_script(self._fill(src)) for name, src in _SOURCES.items()}
+                    pool = getattr(client, "connection_pool", None)
+                    self._call = client.execute_command if pool is None else DirectCalls(pool)
                     self._client = client
                 client = self._client
         return client
@@ -222,10 +226,12 @@ class RedisEngine(Engine):
         # The child must not use the parent's sockets; redis-py pools also check the pid,
         # but dropping the client is simpler and covers Sentinel and Cluster too.
         self._client = None
+        self._call = None
         self._init_lock = threading.Lock()
 
     def close(self) -> None:
         client, self._client = self._client, None
+        self._call = None
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
@@ -340,17 +346,22 @@ class RedisEngine(Engine):
                     continue
                 return granted
 
-    def _run(self, name: str, key: str, args: list[Any], client: Any = None) -> Any:
+    def _run(self, name: str, key: str, args: list[Any]) -> Any:
         """EVALSHA a script with one key, loading it again if the server lost it (a
         restart, a failover, SCRIPT FLUSH)."""
-        if client is None:
-            client = self._client or self.client  # builds the client and registers the scripts
+        call = self._call or self._caller()
         script = self._scripts[name]
         try:
-            return client.execute_command("EVALSHA", script.sha, 1, key, *args)
+            return call("EVALSHA", script.sha, 1, key, *args)
         except rex.NoScriptError:
-            script.sha = client.script_load(script.script)
-            return client.execute_command("EVALSHA", script.sha, 1, key, *args)
+            script.sha = self.client.script_load(script.script)
+            return call("EVALSHA", script.sha, 1, key, *args)
+
+    def _caller(self) -> Any:
+        """Build the client (and its scripts) on first use; return the hot path's sender."""
+        client = self.client
+        call = self._call
+        return call if call is not None else client.execute_command   # closed meanwhile
 
     def _wait(self, r: AcquireRequest, notify_key: str, wait: float) -> int | None:
         """Block for a notification up to ``wait`` s; return a granted token, else None."""
@@ -364,7 +375,7 @@ class RedisEngine(Engine):
         wait = min(wait, max(0.01, self.socket_timeout - 0.25))
         try:
             with self._errors(r.group, r.name):
-                popped = self.client.blpop([notify_key], timeout=wait)
+                popped = (self._call or self._caller())("BLPOP", notify_key, wait)
         except EngineUnavailable:
             time.sleep(min(wait, 0.1))
             return None
