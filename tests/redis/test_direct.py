@@ -1,0 +1,87 @@
+"""The lock path's direct connections (ylock.engines.redis_direct): a dropped socket is
+replaced once, an error reply keeps the connection, a timeout never leaves a stale reply
+behind, and threads that come and go do not grow the number of connections."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+import ylock
+from ylock.engines.redis_direct import DirectCalls
+from ylock.testing.redis import RedisServer
+
+
+def _clients(admin: redis.Redis, name: str) -> int:
+    return sum(1 for c in admin.client_list() if c.get("name") == name)
+
+
+def test_a_connection_the_server_dropped_is_replaced_once(redis_server, group):
+    engine = ylock.engine_from_url(redis_server.url, client_name="ylock-direct-drop")
+    lock = ylock.Lock(engine, group, "drop")
+    lock.lock()
+    lock.unlock()
+    admin = redis.Redis.from_url(redis_server.url)
+    assert admin.client_kill_filter(_type="normal", skipme=True, laddr=None, user=None) >= 1
+    lock.lock()                          # the dead socket is found, replaced, the call succeeds
+    assert lock.held()
+    lock.unlock()
+    assert _clients(admin, "ylock-direct-drop") == 1
+    engine.close()
+
+
+def test_an_error_reply_keeps_the_connection(redis_server):
+    pool = redis.ConnectionPool.from_url(redis_server.url)
+    call = DirectCalls(pool)
+    assert call("SET", "ylock-direct-k", "v") == b"OK"
+    with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+        call("LPUSH", "ylock-direct-k", "x")
+    assert len(call.idle) == 1 and call.idle[0].is_connected
+    assert call("GET", "ylock-direct-k") == b"v"     # the same connection, reading its own reply
+    pool.disconnect()
+
+
+def test_a_timeout_leaves_no_stale_reply_and_is_not_retried():
+    with RedisServer() as server:
+        pool = redis.ConnectionPool.from_url(server.url, socket_timeout=0.3)
+        call = DirectCalls(pool)
+        assert call("ECHO", "warm") == b"warm"
+        server.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(redis.exceptions.TimeoutError):
+                call("ECHO", "first")
+            assert time.monotonic() - started < 0.3 * 2      # one socket timeout, no second try
+        finally:
+            server.resume()
+        # The server answers "first" now; the next call must read its own reply.
+        assert call("ECHO", "second") == b"second"
+        pool.disconnect()
+
+
+def test_threads_that_come_and_go_reuse_connections(redis_server, group):
+    engine = ylock.engine_from_url(redis_server.url, client_name="ylock-direct-threads")
+    admin = redis.Redis.from_url(redis_server.url)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            lock = ylock.Lock(engine, group, f"t{i % 4}")
+            for _ in range(20):
+                with lock:
+                    pass
+        except BaseException as exc:   # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    for _ in range(10):                # ten waves of four short-lived threads (a threaded server)
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert _clients(admin, "ylock-direct-threads") <= 4
+    engine.close()
+    assert _clients(admin, "ylock-direct-threads") == 0
