@@ -12,35 +12,40 @@ local fair = string.sub(ARGV[3], 1, 1) == '1'
 local stay = string.sub(ARGV[3], 2, 2) == '1'
 local queued = string.sub(ARGV[3], 3, 3) == '1'
 
--- Fast path for a writer: nobody waits and no reader holds, so SET NX decides. The token
--- is peek_token/store_token of common.lua written out: no helper is defined yet.
-if mode == 'write' and not queued and redis.call('EXISTS', K.q, K.s) == 0 then
-  local last, tok = redis.call('GET', K.f), nil
-  if last then tok = tonumber(last) + 1 else
-    local t = redis.call('TIME')
-    tok = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  end
-  local text = string.format('%.0f', tok)
-  if redis.call('SET', K.x, o .. '|' .. text, 'NX', 'PX', lease) then
-    redis.call('SET', K.f, text, 'PX', RETENTION)
+if mode == 'write' and not queued then
+  -- Fast path for a writer: nobody holds, nobody waits.
+  if redis.call('EXISTS', K.x, K.q, K.s) == 0 then
+    local tok = next_token()
+    redis.call('SET', K.x, o .. '|' .. string.format('%.0f', tok), 'PX', lease)
     return tok
+  end
+  -- A fair writer asking while another writer holds can neither enter nor be granted:
+  -- it only joins the queue (the holder's release evicts dead waiters and hands on).
+  if fair and stay then
+    local v = redis.call('GET', K.x)
+    if v and string.match(v, '^(.*)|%d+$') ~= o then
+      local t = redis.call('TIME')
+      local since = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+      redis.call('RPUSH', K.q, o)
+      redis.call('SET', base .. ':w:' .. o, 'write|' .. ARGV[4] .. '|' .. since .. '|' .. ARGV[5] .. '|1', 'PX', wlease)
+      return {0, redis.call('PTTL', K.x)}
+    end
   end
 end
 
 --@common
 --@queue
 
-local now, now_us = clock()
+local now = clock()
 local writer, wtok = writer_of()
 
 -- Fast path for a reader: no writer holds and nobody waits.
 if mode == 'read' and not writer and not queued and redis.call('LLEN', K.q) == 0 then
-  return {1, grant_read(o, lease, now, now_us)}
+  return {1, grant_read(o, lease, now)}
 end
 
--- A writer asking while another writer holds can neither enter nor be granted: it only
--- joins the queue, so it skips the readers' expiry and the dead-head eviction (three
--- calls per contended acquisition; the holder's release does both before handing on).
+-- (A non-fair writer asking while another writer holds: as the fair one above, it only
+-- joins the queue, so it skips the readers' expiry and the dead-head eviction.)
 local busy = mode == 'write' and writer and writer ~= o
 if not busy then expire_readers(now) end
 local evicted = {}
@@ -53,37 +58,39 @@ end
 -- Granted by a releaser while we waited: take it with our full lease.
 if mode == 'write' and writer == o then
   dequeue(o)
-  return done(1, grant_write(o, lease, now_us, wtok))
+  return done(1, grant_write(o, lease, wtok))
 end
 if mode == 'read' and redis.call('ZSCORE', K.s, o) then
   dequeue(o)
-  return done(1, grant_read(o, lease, now, now_us))
+  return done(1, grant_read(o, lease, now))
 end
 -- A writer downgrading: it may always read, with its own token.
 if mode == 'read' and writer == o then
-  return done(1, grant_read(o, lease, now, now_us, wtok))
+  return done(1, grant_read(o, lease, now, wtok))
 end
 
 if not busy then live_head(evicted) end
 if not busy and may_enter(writer, o, mode, fair, now) then
   if queued then dequeue(o) end
   local tok
-  if mode == 'write' then tok = grant_write(o, lease, now_us) else
-    tok = grant_read(o, lease, now, now_us)
-    dispatch(now, now_us, evicted)     -- the readers queued behind may enter with us
+  if mode == 'write' then tok = grant_write(o, lease) else
+    tok = grant_read(o, lease, now)
+    dispatch(now, evicted)             -- the readers queued behind may enter with us
   end
   return done(1, tok)
 end
 
 if stay then
+  local w = base .. ':w:' .. o
+  local request = mode .. '|' .. ARGV[4] .. '|' .. fmt(now) .. '|' .. ARGV[5] .. '|' .. string.sub(ARGV[3], 1, 1)
   if not queued or not redis.call('LPOS', K.q, o) then
     redis.call('RPUSH', K.q, o)
-    redis.call('HSET', K.m, o, mode .. '|' .. ARGV[4] .. '|' .. fmt(now) .. '|' .. ARGV[5] .. '|' ..
-               string.sub(ARGV[3], 1, 1))
+    redis.call('SET', w, request, 'PX', wlease)
+  elseif redis.call('PEXPIRE', w, wlease) == 0 then   -- still queued but counted dead: alive again
+    redis.call('SET', w, request, 'PX', wlease)
   end
-  redis.call('SET', base .. ':w:' .. o, '1', 'PX', wlease)
 else
   dequeue(o)
-  dispatch(now, now_us, evicted)       -- leaving the head of the queue may let others in
+  dispatch(now, evicted)               -- leaving the head of the queue may let others in
 end
 return done(0, blocked_for(now))

@@ -7,10 +7,11 @@
 --   x  exclusive owner and its token: string "owner|token", PX = its lease
 --   s  shared owners: zset owner -> lease deadline (ms, Redis time); key PX = latest deadline
 --   q  waiter queue: list of owners, FIFO
---   m  waiter metadata: hash owner -> "mode|lease_ms|since_ms|waiter_lease_ms|fair"
 --   t  tokens of the shared owners: hash owner -> fencing token
---   f  fence: the last token issued, kept for the retention period
---   <base>:w:<owner>  waiter liveness: PX = waiter lease, refreshed by every poll
+--   f  fence: the last token issued; PX = the retention period from its first token
+--   <base>:w:<owner>  a waiter's liveness and request: "mode|lease_ms|since_ms|waiter_lease_ms|fair",
+--                     PX = waiter lease, refreshed by every poll (one GET tells the releaser
+--                     whether the head of the queue is alive and what it asked for)
 --   <base>:n:<owner>  notify list: the waiter blocks on it (BLPOP); a grant pushes the token
 -- Time always comes from Redis (TIME), never from a client clock. __RETENTION_MS__ and
 -- __BARGE_MS__ are replaced by the engine's settings when the script is loaded.
@@ -18,16 +19,38 @@
 local RETENTION = __RETENTION_MS__
 local BARGE = __BARGE_MS__
 local base = string.sub(KEYS[1], 1, -3)
-local K = {x = KEYS[1], s = base .. ':s', q = base .. ':q', m = base .. ':m', t = base .. ':t',
-           f = base .. ':f', base = base}
+local K = {x = KEYS[1], s = base .. ':s', q = base .. ':q', t = base .. ':t', f = base .. ':f', base = base}
+
+-- The two helpers that the fast paths need (defining a function costs the server a
+-- fraction of a microsecond; the rest are defined after --@functions).
+
+-- Tokens: one more than the last (INCR keeps the fence key's expiry). A new fence key
+-- starts from the server clock in microseconds and lives for the retention period; the
+-- first token after it expired is the clock again, above every earlier token unless the
+-- clock stepped back or more than one token per microsecond was issued meanwhile.
+local function next_token()
+  local tok = redis.call('INCR', K.f)
+  if tok == 1 then
+    local t = redis.call('TIME')
+    tok = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', K.f, string.format('%.0f', tok), 'PX', RETENTION)
+  end
+  return tok
+end
+
+-- A waiter's request from its w key's value: mode, lease, since, waiter lease, fair.
+local function parse_meta(v)
+  if not v then return nil end
+  local mode, lease, since, wlease, fair = string.match(v, '^(%a+)|(%d+)|(%d+)|(%d+)|(%d)$')
+  return mode, tonumber(lease), tonumber(since), tonumber(wlease), fair == '1'
+end
 
 --@functions (a script's fast path runs above this line: defining the helpers below costs
 -- the server about a microsecond per call, so scripts splice them in at their --@common line)
 
 local function clock()
   local t = redis.call('TIME')
-  local sec, usec = tonumber(t[1]), tonumber(t[2])
-  return sec * 1000 + math.floor(usec / 1000), sec * 1000000 + usec
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
 local function fmt(n) return string.format('%.0f', n) end
@@ -38,30 +61,6 @@ local function writer_of()
   if not v then return nil, nil end
   local o, tok = string.match(v, '^(.*)|(%d+)$')
   return o, tonumber(tok)
-end
-
--- Tokens: one more than the last; when the fence key expired, the server clock in
--- microseconds (clock() is called only then), so tokens keep increasing (unless the
--- clock steps back by more than the retention period). peek_token() computes it,
--- store_token() records it (the write fast path stores only if it got the lock).
-local function peek_token(now_us)
-  local last = redis.call('GET', K.f)
-  if last then return tonumber(last) + 1 end
-  if not now_us then
-    local _
-    _, now_us = clock()
-  end
-  return now_us
-end
-
-local function store_token(tok)
-  redis.call('SET', K.f, fmt(tok), 'PX', RETENTION)
-end
-
-local function next_token(now_us)
-  local tok = peek_token(now_us)
-  store_token(tok)
-  return tok
 end
 
 local function extend(key, ms)

@@ -4,6 +4,6 @@
 --@queue
 local now = clock()
 local held = redis.call('EXISTS', K.x) + redis.call('ZCOUNT', K.s, '(' .. now, '+inf')
-redis.call('DEL', K.x, K.s, K.q, K.m, K.t)
+redis.call('DEL', K.x, K.s, K.q, K.t)
 if held > 0 then return 1 end
 return 0

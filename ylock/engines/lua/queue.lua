@@ -13,29 +13,26 @@ local function extend_shared(now)
   if last[2] then redis.call('PEXPIRE', K.s, math.max(1, tonumber(last[2]) - now)) end
 end
 
+-- A live waiter's request (see parse_meta), or nil once its liveness key expired.
 local function meta(o)
-  local v = redis.call('HGET', K.m, o)
-  if not v then return nil end
-  local mode, lease, since, wlease, fair = string.match(v, '^(%a+)|(%d+)|(%d+)|(%d+)|(%d)$')
-  return mode, tonumber(lease), tonumber(since), tonumber(wlease), fair == '1'
+  return parse_meta(redis.call('GET', base .. ':w:' .. o))
 end
 
 local function dequeue(o)
   redis.call('LREM', K.q, 1, o)
-  redis.call('HDEL', K.m, o)
   redis.call('DEL', base .. ':w:' .. o, base .. ':n:' .. o)
 end
 
 -- Make o the writer for lease ms, keeping tok if given (a re-grant); return the token.
-local function grant_write(o, lease, now_us, tok)
-  tok = tok or next_token(now_us)
+local function grant_write(o, lease, tok)
+  tok = tok or next_token()
   redis.call('SET', K.x, o .. '|' .. fmt(tok), 'PX', lease)
   return tok
 end
 
 -- Make o a reader for lease ms; a writer downgrading passes its own token.
-local function grant_read(o, lease, now, now_us, tok)
-  tok = tok or tonumber(redis.call('HGET', K.t, o) or false) or next_token(now_us)
+local function grant_read(o, lease, now, tok)
+  tok = tok or tonumber(redis.call('HGET', K.t, o) or false) or next_token()
   redis.call('ZADD', K.s, now + lease, o)
   extend_shared(now)
   redis.call('HSET', K.t, o, fmt(tok))
@@ -50,14 +47,15 @@ local function notify(o, value, ttl)
   redis.call('PEXPIRE', n, ttl)
 end
 
--- Drop waiters at the head of the queue whose liveness key expired; return the live head.
+-- Drop waiters at the head of the queue whose liveness key expired; return the live
+-- head and its request (the value of its liveness key).
 local function live_head(evicted)
   while true do
     local head = redis.call('LINDEX', K.q, 0)
     if not head then return nil end
-    if redis.call('EXISTS', base .. ':w:' .. head) == 1 then return head end
+    local v = redis.call('GET', base .. ':w:' .. head)
+    if v then return head, v end
     redis.call('LPOP', K.q)
-    redis.call('HDEL', K.m, head)
     redis.call('DEL', base .. ':n:' .. head)
     table.insert(evicted, head)
   end
@@ -67,14 +65,17 @@ end
 -- here (with its short waiter lease, until its watchdog renews it) and gets its token
 -- pushed; a run of readers is granted together. A non-fair head is only woken. ``free``:
 -- the caller knows no writer holds (it just deleted the x key itself).
-local function dispatch(now, now_us, evicted, free)
+local function dispatch(now, evicted, free)
   if not free and redis.call('EXISTS', K.x) == 1 then return end
   local granted = 0
   while granted < 1000 do
-    local head = live_head(evicted)
+    local head, v = live_head(evicted)
     if not head then return end
-    local mode, lease, since, wlease, fair = meta(head)
-    if not mode then redis.call('LPOP', K.q) else
+    local mode, lease, _, wlease, fair = parse_meta(v)
+    if not mode then                      -- unreadable request: drop it, the waiter re-asks
+      redis.call('LPOP', K.q)
+      redis.call('DEL', base .. ':w:' .. head)
+    else
       if mode == 'write' and redis.call('ZCARD', K.s) > 0 then return end
       if not fair then
         -- wake the head and the readers right behind it; they race for the lock
@@ -89,12 +90,12 @@ local function dispatch(now, now_us, evicted, free)
       end
       local tok
       if mode == 'write' then
-        tok = grant_write(head, math.min(lease, wlease), now_us)
+        tok = grant_write(head, math.min(lease, wlease))
       else
-        tok = grant_read(head, math.min(lease, wlease), now, now_us)
+        tok = grant_read(head, math.min(lease, wlease), now)
       end
       redis.call('LPOP', K.q)
-      redis.call('HDEL', K.m, head)
+      redis.call('DEL', base .. ':w:' .. head)
       notify(head, fmt(tok), wlease)
       if mode == 'write' then return end
       granted = granted + 1
@@ -103,9 +104,9 @@ local function dispatch(now, now_us, evicted, free)
 end
 
 -- Fair: a writer enters a free lock only at the head of the queue; a reader enters a
--- lock without a writer if every waiter ahead of it is a reader. Non-fair: anyone enters
--- a compatible lock unless the head has waited past the barge window, or (for a reader)
--- the head is a writer. (The same rule as ylock.engines.local.may_enter.)
+-- lock without a writer if every live waiter ahead of it is a reader. Non-fair: anyone
+-- enters a compatible lock unless the head has waited past the barge window, or (for a
+-- reader) the head is a writer. (The same rule as ylock.engines.local.may_enter.)
 local function may_enter(writer, o, mode, fair, now)
   if mode == 'write' then
     if writer or redis.call('ZCARD', K.s) > 0 then return false end
@@ -118,7 +119,8 @@ local function may_enter(writer, o, mode, fair, now)
   local ahead = redis.call('LRANGE', K.q, 0, n - 1)
   local function all_readers()
     for _, a in ipairs(ahead) do
-      if meta(a) ~= 'read' then return false end
+      local m = meta(a)
+      if m and m ~= 'read' then return false end    -- a dead waiter (nil) blocks nobody
     end
     return true
   end

@@ -1,17 +1,37 @@
 -- release.lua: release one owner's hold in one mode, then hand the lock to the queue.
 -- KEYS[1] = the lock's x key (see common.lua)
 -- ARGV[1] owner  ARGV[2] mode: "write" | "read"
--- Returns 1 if the owner still held it (else 0: its lease had run out) when nobody waits,
--- else {that, evicted...} after handing the lock on.
+-- Returns 1 if the owner still held it (else 0: its lease had run out) when nothing more
+-- was to be done or a fair writer was handed the lock, else {that, evicted...}.
 local o, mode = ARGV[1], ARGV[2]
 local held = 0
-if mode == 'write' then             -- fast path: writer_of() of common.lua, written out
+if mode == 'write' then
   local v = redis.call('GET', K.x)
-  if v and string.match(v, '^(.*)|%d+$') == o then
-    redis.call('DEL', K.x)
-    held = 1
+  if v and string.match(v, '^(.*)|%d+$') == o then held = 1 end
+  -- Fast handoff: the head of the queue is a live fair writer and no reader holds (a
+  -- writer that downgraded still reads): the lock goes to it here, with its waiter
+  -- lease until its watchdog renews it, and its token is pushed to the list it blocks on.
+  local ours = held == 1 or not v          -- the lock is free once we are done
+  local head = ours and redis.call('LPOP', K.q)
+  if ours and not head then                 -- nobody waits
+    if held == 1 then redis.call('DEL', K.x) end
+    return held
   end
-  if redis.call('LLEN', K.q) == 0 then return held end   -- nobody to hand the lock to
+  if head then
+    local request = redis.call('GET', base .. ':w:' .. head)
+    local hmode, hlease, _, hwlease, hfair = parse_meta(request)
+    if hmode == 'write' and hfair and redis.call('EXISTS', K.s) == 0 then
+      local tok = string.format('%.0f', next_token())
+      redis.call('SET', K.x, head .. '|' .. tok, 'PX', math.min(hlease, hwlease))   -- replaces ours
+      redis.call('DEL', base .. ':w:' .. head)
+      local n = base .. ':n:' .. head
+      redis.call('RPUSH', n, tok)
+      redis.call('PEXPIRE', n, hwlease)
+      return held
+    end
+    redis.call('LPUSH', K.q, head)          -- back to the head: the general path below decides
+  end
+  if held == 1 then redis.call('DEL', K.x) end
 end
 
 --@common
@@ -31,10 +51,10 @@ end
 
 --@queue
 
-local now, now_us = clock()
+local now = clock()
 expire_readers(now)
 local evicted = {}
-dispatch(now, now_us, evicted, mode == 'write' and held == 1)   -- we just deleted x
+dispatch(now, evicted, mode == 'write' and held == 1)   -- we just deleted x
 local out = {held}
 for _, e in ipairs(evicted) do table.insert(out, e) end
 return out
