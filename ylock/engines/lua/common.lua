@@ -24,18 +24,20 @@ local K = {x = KEYS[1], s = base .. ':s', q = base .. ':q', t = base .. ':t', f 
 -- The two helpers that the fast paths need (defining a function costs the server a
 -- fraction of a microsecond; the rest are defined after --@functions).
 
--- Tokens: one more than the last (INCR keeps the fence key's expiry). A new fence key
--- starts from the server clock in microseconds and lives for the retention period; the
--- first token after it expired is the clock again, above every earlier token unless the
--- clock stepped back or more than one token per microsecond was issued meanwhile.
-local function next_token()
-  local tok = redis.call('INCR', K.f)
-  if tok == 1 then
+-- Tokens: one more than the last (INCRBY keeps the fence key's expiry); ``count`` tokens
+-- at once for a run of readers. A new fence key starts from the server clock in
+-- microseconds and lives for the retention period; the first token after it expired is
+-- the clock again, above every earlier token unless the clock stepped back or more than
+-- one token per microsecond was issued meanwhile. Returns the first of the new tokens.
+local function next_token(count)
+  count = count or 1
+  local last = redis.call('INCRBY', K.f, count)
+  if last == count then
     local t = redis.call('TIME')
-    tok = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('SET', K.f, string.format('%.0f', tok), 'PX', RETENTION)
+    last = tonumber(t[1]) * 1000000 + tonumber(t[2]) + count - 1
+    redis.call('SET', K.f, string.format('%.0f', last), 'PX', RETENTION)
   end
-  return tok
+  return last - count + 1
 end
 
 -- A waiter's request from its w key's value: mode, lease, since, waiter lease, fair.

@@ -61,46 +61,83 @@ local function live_head(evicted)
   end
 end
 
--- Hand the lock on from the head of the queue. A fair head is granted the lock right
--- here (with its short waiter lease, until its watchdog renews it) and gets its token
--- pushed; a run of readers is granted together. A non-fair head is only woken. ``free``:
--- the caller knows no writer holds (it just deleted the x key itself).
-local function dispatch(now, evicted, free)
-  if not free and redis.call('EXISTS', K.x) == 1 then return end
-  local granted = 0
-  while granted < 1000 do
-    local head, v = live_head(evicted)
-    if not head then return end
-    local mode, lease, _, wlease, fair = parse_meta(v)
-    if not mode then                      -- unreadable request: drop it, the waiter re-asks
-      redis.call('LPOP', K.q)
-      redis.call('DEL', base .. ':w:' .. head)
+-- Grant the read lock to the run of live fair readers at the head of the queue (at most
+-- 256 at a time), in a constant number of calls plus two per reader (its notification).
+-- Dead waiters inside the run are evicted with it. Returns how many were granted.
+local function grant_reader_run(now, evicted)
+  local run = redis.call('LRANGE', K.q, 0, 255)
+  local wkeys = {}
+  for i, o in ipairs(run) do wkeys[i] = base .. ':w:' .. o end
+  local requests = redis.call('MGET', unpack(wkeys))
+  local granted, gone, scores, cut, longest = {}, {}, {}, #run, 0
+  for i, o in ipairs(run) do
+    local mode, lease, _, wlease, fair = parse_meta(requests[i])
+    if not mode then
+      table.insert(evicted, o)
+      table.insert(gone, base .. ':n:' .. o)
+    elseif mode == 'read' and fair then
+      table.insert(granted, {o, wlease})
+      table.insert(gone, wkeys[i])
+      table.insert(scores, now + math.min(lease, wlease))
+      table.insert(scores, o)
+      longest = math.max(longest, math.min(lease, wlease))
     else
-      if mode == 'write' and redis.call('ZCARD', K.s) > 0 then return end
-      if not fair then
-        -- wake the head and the readers right behind it; they race for the lock
-        local run = redis.call('LRANGE', K.q, 0, 63)
-        for i, o in ipairs(run) do
-          local m2 = meta(o)
-          if i > 1 and m2 ~= 'read' then break end
-          notify(o, 'wake', wlease)
-          if m2 ~= 'read' then break end
-        end
-        return
-      end
-      local tok
-      if mode == 'write' then
-        tok = grant_write(head, math.min(lease, wlease))
-      else
-        tok = grant_read(head, math.min(lease, wlease), now)
-      end
-      redis.call('LPOP', K.q)
-      redis.call('DEL', base .. ':w:' .. head)
-      notify(head, fmt(tok), wlease)
-      if mode == 'write' then return end
-      granted = granted + 1
+      cut = i - 1
+      break
     end
   end
+  if #granted == 0 then return 0 end
+  local first = next_token(#granted)
+  local tokens = {}
+  for i, g in ipairs(granted) do
+    table.insert(tokens, g[1])
+    table.insert(tokens, fmt(first + i - 1))
+  end
+  redis.call('ZADD', K.s, unpack(scores))
+  extend_shared(now)
+  redis.call('HSET', K.t, unpack(tokens))
+  extend(K.t, longest)
+  redis.call('LTRIM', K.q, cut, -1)
+  redis.call('DEL', unpack(gone))
+  for i, g in ipairs(granted) do notify(g[1], fmt(first + i - 1), g[2]) end
+  return #granted
+end
+
+-- Hand the lock on from the head of the queue. A fair head is granted the lock right
+-- here (with its short waiter lease, until its watchdog renews it) and gets its token
+-- pushed; a run of fair readers is granted together. A non-fair head is only woken.
+-- ``free``: the caller knows no writer holds (it just deleted the x key itself).
+local function dispatch(now, evicted, free)
+  if not free and redis.call('EXISTS', K.x) == 1 then return end
+  local head, v = live_head(evicted)
+  if not head then return end
+  local mode, lease, _, wlease, fair = parse_meta(v)
+  if not mode then                      -- unreadable request: drop it, the waiter re-asks
+    redis.call('LPOP', K.q)
+    redis.call('DEL', base .. ':w:' .. head)
+    return dispatch(now, evicted, true)
+  end
+  if mode == 'write' and redis.call('ZCARD', K.s) > 0 then return end
+  if not fair then
+    -- wake the head and the readers right behind it; they race for the lock
+    local run = redis.call('LRANGE', K.q, 0, 63)
+    for i, o in ipairs(run) do
+      local m2 = meta(o)
+      if i > 1 and m2 ~= 'read' then break end
+      notify(o, 'wake', wlease)
+      if m2 ~= 'read' then break end
+    end
+    return
+  end
+  if mode == 'read' then
+    -- a run may stop at a non-fair reader: dispatch again to wake it
+    if grant_reader_run(now, evicted) > 0 then return dispatch(now, evicted, true) end
+    return
+  end
+  local tok = grant_write(head, math.min(lease, wlease))
+  redis.call('LPOP', K.q)
+  redis.call('DEL', base .. ':w:' .. head)
+  notify(head, fmt(tok), wlease)
 end
 
 -- Fair: a writer enters a free lock only at the head of the queue; a reader enters a
