@@ -333,7 +333,7 @@ class RedisEngine(Engine):
             if reply.__class__ is int:
                 self._confirm(r, acked)
                 return int(reply)
-            self._publish_evicted(r, reply[2:])
+            self._publish_evicted(r.group, r.name, reply[2:])
             if reply[0] == 1:
                 self._confirm(r, acked)
                 return int(reply[1])
@@ -410,10 +410,10 @@ class RedisEngine(Engine):
             raise EngineUnavailable(f"only {acked} of {self.wait_replicas} replicas acknowledged the lock "
                                     f"within {self.wait_timeout_ms} ms; released it", group=r.group, name=r.name)
 
-    def _publish_evicted(self, r: AcquireRequest, evicted: list[Any]) -> None:
+    def _publish_evicted(self, group: str, name: str, evicted: list[Any]) -> None:
         for owner in evicted:
-            logger.info("ylock: evicted dead waiter %s from %s/%s", owner, r.group, r.name)
-            events.publish(events.WAITER_EVICTED, r.group, r.name, self.scheme, None,
+            logger.info("ylock: evicted dead waiter %s from %s/%s", owner, group, name)
+            events.publish(events.WAITER_EVICTED, group, name, self.scheme, None,
                            owner=owner.decode() if isinstance(owner, bytes) else owner)
 
     def release(self, group: str, name: str, owner: str, mode: str) -> bool:
@@ -421,7 +421,10 @@ class RedisEngine(Engine):
             reply = self._run("release", f"{self.prefix}:{{{group}:{name}}}:x", [owner, mode])
         except Exception as exc:
             raise self._translate(exc, group, name) from exc
-        return bool(reply if reply.__class__ is int else reply[0])
+        if reply.__class__ is int:
+            return bool(reply)
+        self._publish_evicted(group, name, reply[1:])
+        return bool(reply[0])
 
     def renew(self, items: Sequence[RenewItem]) -> list[bool | None]:
         results: list[bool | None] = [None] * len(items)

@@ -1,0 +1,78 @@
+"""What one release hands on, read from the server right after the release returns:
+a fair writer at the head, or the whole run of fair readers at the head (and nobody
+behind the first queued writer), with dead waiters inside the run evicted."""
+from __future__ import annotations
+
+import threading
+
+import redis
+
+import ylock
+from tests.helpers import Runner, collect, wait_until, waiters
+
+SLOW = ylock.Polling.constant(1.5)     # no poll during the test: every entry is a grant
+
+
+def _queue(engine, group, name, mode, tokens, release):
+    def run() -> None:
+        lock = ylock.Lock(engine, group, name, polling=SLOW)
+        (lock.rlock if mode == "read" else lock.lock)(timeout=10)
+        tokens.append(lock.token)
+        release.wait(10)
+        (lock.runlock if mode == "read" else lock.unlock)()
+    runner = Runner(run)
+    before = len(waiters(engine, group, name))
+    runner.start()
+    wait_until(lambda: len(waiters(engine, group, name)) == before + 1, what=f"{mode} waiter queued")
+    return runner
+
+
+def _info(engine, group, name):
+    return next(i for i in engine.describe(group) if i.name == name)
+
+
+def test_one_release_admits_the_run_of_readers_and_stops_at_a_writer(redis_engine, group):
+    writer = ylock.Lock(redis_engine, group, "run")
+    writer.lock()
+    release = threading.Event()
+    tokens: list[int] = []
+    runners = [_queue(redis_engine, group, "run", "read", tokens, release) for _ in range(5)]
+    runners.append(_queue(redis_engine, group, "run", "write", tokens, release))
+    runners += [_queue(redis_engine, group, "run", "read", tokens, release) for _ in range(3)]
+    first = writer.token
+    writer.unlock()
+    info = _info(redis_engine, group, "run")              # as the release left it
+    assert info.mode == "read" and len(info.owners) == 5
+    assert [w.split(":")[0] for w in info.waiters] == ["write", "read", "read", "read"]
+    wait_until(lambda: len(tokens) == 5, what="the five readers running")
+    assert sorted(tokens) == list(range(first + 1, first + 6))   # one token each, from one INCRBY
+    release.set()
+    for runner in runners:
+        runner.outcome()
+    assert len(tokens) == 9
+
+
+def test_a_dead_reader_inside_the_run_is_evicted_with_it(redis_server, redis_engine, group):
+    writer = ylock.Lock(redis_engine, group, "dead")
+    writer.lock()
+    release = threading.Event()
+    tokens: list[int] = []
+    runners = [_queue(redis_engine, group, "dead", "read", tokens, release) for _ in range(3)]
+    # The middle reader "dies": its liveness key goes, as if its process had been killed.
+    middle = waiters(redis_engine, group, "dead")[1].split(":", 1)[1]
+    client = redis.Redis.from_url(redis_server.url)
+    assert client.delete(f"ylock:{{{group}:dead}}:w:{middle}") == 1
+    with collect(ylock.events.WAITER_EVICTED) as evicted:
+        writer.unlock()
+    assert [e.owner for e in evicted] == [middle]
+    info = _info(redis_engine, group, "dead")
+    assert info.mode == "read" and len(info.owners) == 2 and middle not in info.owners
+    assert info.waiters == ()
+    wait_until(lambda: len(tokens) == 2, what="the two live readers running")
+    release.set()
+    runners[0].outcome()
+    runners[2].outcome()
+    # the evicted reader finds itself out of the queue at its next poll and queues again
+    runners[1].outcome()
+    assert len(tokens) == 3
+
