@@ -34,14 +34,13 @@ if mode == 'write' then
   if held == 1 then redis.call('DEL', K.x) end
 end
 
---@common
-
 if mode == 'read' then
   local deadline = redis.call('ZSCORE', K.s, o)
   if deadline then
     redis.call('ZREM', K.s, o)
     redis.call('HDEL', K.t, o)
-    local now = clock()
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     if tonumber(deadline) > now then held = 1 end
     local last = redis.call('ZRANGE', K.s, -1, -1, 'WITHSCORES')
     if last[2] then redis.call('PEXPIRE', K.s, math.max(1, tonumber(last[2]) - now)) end
@@ -49,6 +48,7 @@ if mode == 'read' then
   if redis.call('LLEN', K.q) == 0 then return held end
 end
 
+--@common
 --@queue
 
 local now = clock()
