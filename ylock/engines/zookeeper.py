@@ -62,6 +62,7 @@ from kazoo.exceptions import (
 )
 from kazoo.exceptions import LockTimeout as KazooLockTimeout
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import EventType
 from kazoo.recipe.lock import ReadLock, WriteLock
 from kazoo.retry import KazooRetry, RetryFailedError
 
@@ -92,6 +93,7 @@ class _RecordingClient:
         self.changed = False                       # a child watch fired since the last read
         self.on_change: Callable[[], None] | None = None
         self.arm = False     # our node was created: the recipe's reads now set the watch
+        self.last_children: list[str] = []    # what the recipe's last children read found
 
     def create(self, path: str, value: bytes = b"", **kwargs: Any) -> str:
         created, self.stat = self._client.create(path, value, include_data=True, **kwargs)
@@ -102,7 +104,9 @@ class _RecordingClient:
         if watch is None and self.arm:
             self.changed = False
             watch = self._children_changed
-        return self._client.get_children(path, watch=watch, **kwargs)
+        children = self._client.get_children(path, watch=watch, **kwargs)
+        self.last_children = children
+        return children
 
     def _children_changed(self, event: Any) -> None:
         self.changed = True
@@ -112,6 +116,58 @@ class _RecordingClient:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
+
+
+class _Handoff:
+    """kazoo's lock recipe with one read less per contended handoff.
+
+    A waiter reads the lock's children, watches the nearest node ahead of it that blocks
+    it, and when that watch fires reads the children again to see whether it is first
+    now. If that node was the only one blocking it, its deletion already answers that:
+    sequence numbers only grow, so no node can appear ahead of ours. The waiter then
+    takes the lock without the second read (a ZooKeeper round trip of the handoff).
+    Any other wake-up (a waiter ahead that gave up while others remain, a session event)
+    reads the children as kazoo does.
+    """
+
+    client: Any
+    prefix: str
+    _contenders_re: Any
+    _only_blocker: tuple[str, str] | None = None   # (our node, the single node ahead blocking it)
+    _unblocked: str | None = None                   # our node, once that single blocker was deleted
+
+    def _get_predecessor(self, node: str) -> str | None:
+        # Keyed by our node: for that node the answer stays true (nothing can get ahead
+        # of it), so a deletion seen after a timed-out attempt misleads no other node.
+        if self._unblocked == node:
+            return None
+        predecessor: str | None = super()._get_predecessor(node)  # type: ignore[misc]
+        self._only_blocker = None
+        if predecessor is not None:
+            mine = node[len(self.prefix):]
+            ahead = 0
+            for child in self.client.last_children:
+                match = self._contenders_re.search(child)
+                if match is not None and match.group(1) < mine:
+                    ahead += 1
+            if ahead == 1:
+                self._only_blocker = (node, predecessor)
+        return predecessor
+
+    def _watch_predecessor(self, event: Any) -> None:
+        only = self._only_blocker
+        if (only is not None and event.type == EventType.DELETED
+                and event.path.rsplit("/", 1)[-1] == only[1]):
+            self._unblocked = only[0]
+        super()._watch_predecessor(event)  # type: ignore[misc]
+
+
+class _WriteLock(_Handoff, WriteLock):  # type: ignore[misc]
+    pass
+
+
+class _ReadLock(_Handoff, ReadLock):  # type: ignore[misc]
+    pass
 
 
 class _Acquirers:
@@ -347,7 +403,7 @@ class ZooKeeperEngine(Engine):
             return cached[0], cached[1]
         group, name, owner, mode = key
         proxy = _RecordingClient(client)
-        cls = WriteLock if mode == WRITE else ReadLock
+        cls = _WriteLock if mode == WRITE else _ReadLock
         return cls(proxy, self._path(group, name), identifier=f"{mode}:{owner}"), proxy
 
     def acquire(self, request: AcquireRequest) -> int | None:
@@ -474,7 +530,7 @@ class ZooKeeperEngine(Engine):
             # Our node is gone for sure: the recipe's next acquire need not look for a
             # node left by an earlier attempt (kazoo would read the children for it).
             hold.recipe.create_tried = False
-        self._keep_recipe((group, name, owner, WRITE if hold.recipe.__class__ is WriteLock else READ),
+        self._keep_recipe((group, name, owner, WRITE if isinstance(hold.recipe, WriteLock) else READ),
                           hold.recipe, hold.proxy)
         return bool(still_there) and not hold.lost
 
