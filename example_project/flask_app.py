@@ -33,6 +33,14 @@ ylock = YLock()
 ACCOUNTS = {1: 1000, 2: 1000, 3: 1000}
 
 
+try:
+    import prometheus_client  # noqa: F401
+except ImportError:
+    _HAVE_PROMETHEUS = False
+else:
+    _HAVE_PROMETHEUS = True
+
+
 def create_app(config: dict[str, Any] | None = None, instance_path: str | None = None) -> Flask:
     """Build the demo app (``config`` overrides, e.g. ``YLOCK_URL`` or ``DATABASE``)."""
     app = Flask(__name__, instance_path=instance_path)
@@ -42,7 +50,8 @@ def create_app(config: dict[str, Any] | None = None, instance_path: str | None =
         # The work done while holding the locks, to make contention visible in the demo.
         TRANSFER_DELAY=0.0,
         YLOCK_LOCKS={"accounts": {"GROUP": "accounts", "TIMEOUT": 2, "LEASE": 30}},
-        YLOCK_METRICS={"PROMETHEUS": {"PATH": "/metrics"}},
+        # Prometheus at /metrics when prometheus-client is installed ("ylock[prometheus]").
+        YLOCK_METRICS={"PROMETHEUS": {"PATH": "/metrics"}} if _HAVE_PROMETHEUS else {},
     )
     app.config.update(config or {})
     os.makedirs(app.instance_path, exist_ok=True)

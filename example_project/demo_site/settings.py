@@ -51,7 +51,13 @@ YLOCK = {
 }
 if url_from_env("YLOCK_URL"):
     YLOCK["ENGINES"] = {"default": {"URL": url_from_env("YLOCK_URL")}}
-# Prometheus at /metrics always; InfluxDB too when $INFLUXDB_URL is set.
-YLOCK["METRICS"] = {"PROMETHEUS": True, "UNTAGGED_GROUPS": ["users"]}
+# Prometheus at /metrics when prometheus-client is installed (pip install "ylock[prometheus]":
+# the demo itself needs only the django extra); InfluxDB too when $INFLUXDB_URL is set.
+try:
+    import prometheus_client  # noqa: F401
+except ImportError:
+    YLOCK["METRICS"] = {"UNTAGGED_GROUPS": ["users"]}
+else:
+    YLOCK["METRICS"] = {"PROMETHEUS": True, "UNTAGGED_GROUPS": ["users"]}
 if url_from_env("INFLUXDB_URL"):
     YLOCK["METRICS"]["INFLUXDB"] = True

@@ -64,3 +64,15 @@ def test_example_views_show_each_feature(tmp_path):
     assert re.search(r"metrics 200 \[.*outcome=\"acquired\"\} [1-9]", out), out
     check = manage(tmp_path, "check", "--deploy")
     assert "django_ylock.W003" in check.stdout + check.stderr        # embedded Redis is not for production
+
+
+def test_example_project_needs_only_the_django_extra(tmp_path):
+    # The README's demo command installs ylock[django] only: no prometheus-client.
+    code = ("import runpy, sys; sys.modules['prometheus_client'] = None; "
+            "sys.argv = ['manage.py', 'check']; runpy.run_path('example_project/manage.py', run_name='__main__')")
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "YLOCK_URL")}
+    env["EXAMPLE_VAR"] = str(tmp_path)
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout + result.stderr
