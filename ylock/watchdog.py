@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("ylock.watchdog")
 
 #: With no hold to renew, the thread still wakes every IDLE_TICK s, for IDLE_TICKING s
-#: after it last saw one, then sleeps until a hold is added.
+#: after a hold to renew was last added, then sleeps until one is.
 IDLE_TICK = 0.25
 IDLE_TICKING = 30.0
 
@@ -67,7 +67,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._wake_at = float("inf")  # when the thread means to wake up next
-        self._busy_at = 0.0           # when the thread last saw an entry
+        self._added_at = 0.0          # when a hold was last added
 
     # -- registry --------------------------------------------------------------------
 
@@ -78,6 +78,7 @@ class Watchdog:
             self._holds[id(hold)] = hold
             if not hold.engine.needs_renewal:
                 return
+            self._added_at = now
             item = RenewItem(hold.group, hold.name, hold.owner, mode, hold.lease)
             due = now + min(first_renewal, hold.lease / 3)
             self._entries[(id(hold), mode)] = _Entry(hold, item, due, now)
@@ -138,14 +139,13 @@ class Watchdog:
                     # A hold's first renewal is due a third of a second or more after it
                     # was taken, so add() need not wake a ticking thread (a wake-up costs
                     # the lock path a context switch and the GIL: ~40 us per acquisition).
-                    if now - self._busy_at < IDLE_TICKING:
+                    if now - self._added_at < IDLE_TICKING:
                         self._wake_at = now + IDLE_TICK
                         self._cond.wait(IDLE_TICK)
                     else:
                         self._wake_at = float("inf")
                         self._cond.wait()
                     continue
-                self._busy_at = now
                 earliest = min(e.due for e in self._entries.values())
                 if earliest > now:
                     self._wake_at = earliest
