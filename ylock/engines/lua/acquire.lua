@@ -15,19 +15,16 @@ local queued = string.sub(ARGV[3], 3, 3) == '1'
 if mode == 'write' and not queued then
   -- Fast path for a writer: nobody holds, nobody waits.
   if redis.call('EXISTS', K.x, K.q, K.s) == 0 then
-    local tok = next_token()
-    redis.call('SET', K.x, o .. '|' .. string.format('%.0f', tok), 'PX', lease)
-    return tok
+    return grant_write(o, lease)
   end
   -- A fair writer asking while another writer holds can neither enter nor be granted:
   -- it only joins the queue (the holder's release evicts dead waiters and hands on).
   if fair and stay then
     local v = redis.call('GET', K.x)
     if v and string.match(v, '^(.*)|%d+$') ~= o then
-      local t = redis.call('TIME')
-      local since = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
       redis.call('RPUSH', K.q, o)
-      redis.call('SET', base .. ':w:' .. o, 'write|' .. ARGV[4] .. '|' .. since .. '|' .. ARGV[5] .. '|1', 'PX', wlease)
+      redis.call('SET', base .. ':w:' .. o, 'write|' .. ARGV[4] .. '|' .. fmt(clock()) .. '|' .. ARGV[5] .. '|1',
+                 'PX', wlease)
       return {0, redis.call('PTTL', K.x)}
     end
   end

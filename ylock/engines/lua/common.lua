@@ -21,8 +21,15 @@ local BARGE = __BARGE_MS__
 local base = string.sub(KEYS[1], 1, -3)
 local K = {x = KEYS[1], s = base .. ':s', q = base .. ':q', t = base .. ':t', f = base .. ':f', base = base}
 
--- The two helpers that the fast paths need (defining a function costs the server a
+-- The helpers that the fast paths need (defining a function costs the server a
 -- fraction of a microsecond; the rest are defined after --@functions).
+
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function fmt(n) return string.format('%.0f', n) end
 
 -- Tokens: one more than the last (INCRBY keeps the fence key's expiry); ``count`` tokens
 -- at once for a run of readers. A new fence key starts from the server clock in
@@ -35,7 +42,7 @@ local function next_token(count)
   if last == count then
     local t = redis.call('TIME')
     last = tonumber(t[1]) * 1000000 + tonumber(t[2]) + count - 1
-    redis.call('SET', K.f, string.format('%.0f', last), 'PX', RETENTION)
+    redis.call('SET', K.f, fmt(last), 'PX', RETENTION)
   end
   return last - count + 1
 end
@@ -47,15 +54,29 @@ local function parse_meta(v)
   return mode, tonumber(lease), tonumber(since), tonumber(wlease), fair == '1'
 end
 
---@functions (a script's fast path runs above this line: defining the helpers below costs
--- the server about a microsecond per call, so scripts splice them in at their --@common line)
-
-local function clock()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Keep the shared owners' key until the latest reader deadline.
+local function extend_shared(now)
+  local last = redis.call('ZRANGE', K.s, -1, -1, 'WITHSCORES')
+  if last[2] then redis.call('PEXPIRE', K.s, math.max(1, tonumber(last[2]) - now)) end
 end
 
-local function fmt(n) return string.format('%.0f', n) end
+-- Make o the writer for lease ms, keeping tok if given (a re-grant); return the token.
+local function grant_write(o, lease, tok)
+  tok = tok or next_token()
+  redis.call('SET', K.x, o .. '|' .. fmt(tok), 'PX', lease)
+  return tok
+end
+
+-- Push a token (or 'wake') to o's notify list, on which it blocks.
+local function notify(o, value, ttl)
+  local n = base .. ':n:' .. o
+  if value == 'wake' and redis.call('LLEN', n) > 0 then return end
+  redis.call('RPUSH', n, value)
+  redis.call('PEXPIRE', n, ttl)
+end
+
+--@functions (a script's fast path runs above this line: defining the helpers below costs
+-- the server about a microsecond per call, so scripts splice them in at their --@common line)
 
 -- The exclusive owner and its token, or nil.
 local function writer_of()

@@ -8,11 +8,6 @@ local function expire_readers(now)
   end
 end
 
-local function extend_shared(now)
-  local last = redis.call('ZRANGE', K.s, -1, -1, 'WITHSCORES')
-  if last[2] then redis.call('PEXPIRE', K.s, math.max(1, tonumber(last[2]) - now)) end
-end
-
 -- A live waiter's request (see parse_meta), or nil once its liveness key expired.
 local function meta(o)
   return parse_meta(redis.call('GET', base .. ':w:' .. o))
@@ -23,13 +18,6 @@ local function dequeue(o)
   redis.call('DEL', base .. ':w:' .. o, base .. ':n:' .. o)
 end
 
--- Make o the writer for lease ms, keeping tok if given (a re-grant); return the token.
-local function grant_write(o, lease, tok)
-  tok = tok or next_token()
-  redis.call('SET', K.x, o .. '|' .. fmt(tok), 'PX', lease)
-  return tok
-end
-
 -- Make o a reader for lease ms; a writer downgrading passes its own token.
 local function grant_read(o, lease, now, tok)
   tok = tok or tonumber(redis.call('HGET', K.t, o) or false) or next_token()
@@ -38,13 +26,6 @@ local function grant_read(o, lease, now, tok)
   redis.call('HSET', K.t, o, fmt(tok))
   extend(K.t, lease)
   return tok
-end
-
-local function notify(o, value, ttl)
-  local n = base .. ':n:' .. o
-  if value == 'wake' and redis.call('LLEN', n) > 0 then return end
-  redis.call('RPUSH', n, value)
-  redis.call('PEXPIRE', n, ttl)
 end
 
 -- Drop waiters at the head of the queue whose liveness key expired; return the live

@@ -21,12 +21,9 @@ if mode == 'write' then
     local request = redis.call('GET', base .. ':w:' .. head)
     local hmode, hlease, _, hwlease, hfair = parse_meta(request)
     if hmode == 'write' and hfair and redis.call('EXISTS', K.s) == 0 then
-      local tok = string.format('%.0f', next_token())
-      redis.call('SET', K.x, head .. '|' .. tok, 'PX', math.min(hlease, hwlease))   -- replaces ours
+      local tok = grant_write(head, math.min(hlease, hwlease))   -- replaces ours
       redis.call('DEL', base .. ':w:' .. head)
-      local n = base .. ':n:' .. head
-      redis.call('RPUSH', n, tok)
-      redis.call('PEXPIRE', n, hwlease)
+      notify(head, fmt(tok), hwlease)
       return held
     end
     redis.call('LPUSH', K.q, head)          -- back to the head: the general path below decides
@@ -39,11 +36,9 @@ if mode == 'read' then
   if deadline then
     redis.call('ZREM', K.s, o)
     redis.call('HDEL', K.t, o)
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local now = clock()
     if tonumber(deadline) > now then held = 1 end
-    local last = redis.call('ZRANGE', K.s, -1, -1, 'WITHSCORES')
-    if last[2] then redis.call('PEXPIRE', K.s, math.max(1, tonumber(last[2]) - now)) end
+    extend_shared(now)
   end
   if redis.call('LLEN', K.q) == 0 then return held end
 end
