@@ -7,7 +7,11 @@ failure). A server that cannot start raises :class:`ServerError`: never a skip.
 """
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+from pathlib import Path
+from typing import Any
 
 
 class ServerError(RuntimeError):
@@ -19,3 +23,46 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """What every test server process shares: freezing it, stopping it, reading its log and
+    the ``with`` statement. A subclass sets ``proc`` in ``start()`` and names its ``log``."""
+
+    proc: subprocess.Popen[bytes] | None = None
+    log_tail = 4000     # characters of the log that read_log() returns
+
+    @property
+    def log(self) -> Path:
+        raise NotImplementedError
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): it accepts connections but never answers."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        """Kill the process (a frozen one too) and wait for it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def read_log(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-self.log_tail:]
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

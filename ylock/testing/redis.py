@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from ylock.testing import ServerError, free_port
+from ylock.testing import ServerError, ServerProcess, free_port
 
 
 def _binary(name: str) -> str:
@@ -24,7 +23,7 @@ def _binary(name: str) -> str:
     raise ServerError(f"{name} is not installed (Debian: apt-get install redis-server redis-tools)")
 
 
-class RedisServer:
+class RedisServer(ServerProcess):
     """One ``redis-server`` on 127.0.0.1 at a free port, in its own directory."""
 
     def __init__(self, *extra: str, port: int | None = None, directory: str | None = None,
@@ -97,33 +96,6 @@ class RedisServer:
             return False
         finally:
             client.close()
-
-    def pause(self) -> None:
-        """Freeze the server (SIGSTOP): it accepts connections but never answers."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def read_log(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-4000:]
-        except OSError:
-            return "(no log)"
-
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class RedisCluster:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -22,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ylock.testing import ServerError, free_port
+from ylock.testing import ServerError, ServerProcess, free_port
 
 
 def _binary() -> str:
@@ -33,7 +32,7 @@ def _binary() -> str:
     return path
 
 
-class VictoriaMetrics:
+class VictoriaMetrics(ServerProcess):
     """One ``victoria-metrics`` on 127.0.0.1 at a free port, storing in its own directory."""
 
     def __init__(self, directory: str | None = None) -> None:
@@ -126,32 +125,6 @@ class VictoriaMetrics:
             raise ServerError(f"query {promql!r} failed: {reply}")
         return reply["data"]["result"]  # type: ignore[no-any-return]
 
-    def pause(self) -> None:
-        """Freeze the server (SIGSTOP): it accepts connections but never answers."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def read_log(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-4000:]
-        except OSError:
-            return "(no log)"
-
     def __repr__(self) -> str:
         return f"<VictoriaMetrics {self.url} in {self.dir}>"
 
-    def __enter__(self) -> VictoriaMetrics:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

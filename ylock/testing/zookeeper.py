@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from ylock.testing import ServerError, free_port
+from ylock.testing import ServerError, ServerProcess, free_port
 
 JAR = os.environ.get("YLOCK_ZOOKEEPER_JAR", "/usr/share/java/zookeeper.jar")
+# Debian's zookeeper.jar logs through SLF4J but ships no binding (its log would be empty);
+# libslf4j-java, a dependency of the package, has the simple one: INFO lines to stderr.
+SLF4J_SIMPLE = "/usr/share/java/slf4j-simple.jar"
 
 
 def four_letter(port: int, word: str, timeout: float = 2.0) -> str:
@@ -37,7 +39,7 @@ def four_letter(port: int, word: str, timeout: float = 2.0) -> str:
         return ""
 
 
-class ZooKeeperNode:
+class ZooKeeperNode(ServerProcess):
     """One ZooKeeper server process (standalone, or member ``sid`` of an ensemble)."""
 
     def __init__(self, directory: Path, sid: int = 0, tick: int = 200) -> None:
@@ -71,10 +73,12 @@ class ZooKeeperNode:
         main = "org.apache.zookeeper.server.quorum.QuorumPeerMain" if self.servers else \
             "org.apache.zookeeper.server.ZooKeeperServerMain"
         config = self.write_config()
-        log = open(self.dir / "server.log", "ab")
+        classpath = ["/etc/zookeeper/conf", JAR] + ([SLF4J_SIMPLE] if os.path.exists(SLF4J_SIMPLE) else [])
+        log = open(self.log, "ab")
         self.proc = subprocess.Popen(
             ["java", "-Xmx192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Dzookeeper.jmx.log4j.disable=true",
-             "-cp", f"/etc/zookeeper/conf:{JAR}", main, str(config)],
+             "-Dorg.slf4j.simpleLogger.showDateTime=true",
+             "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS", "-cp", ":".join(classpath), main, str(config)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         return self
@@ -93,18 +97,13 @@ class ZooKeeperNode:
                 return line[6:].strip()
         return ""
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc = None
+    @property
+    def log(self) -> Path:
+        return self.dir / "server.log"
 
-    def read_log(self) -> str:
-        try:
-            return (self.dir / "server.log").read_text(errors="replace")[-3000:]
-        except OSError:
-            return "(no log)"
+    def stop(self) -> None:
+        super().stop()
+        self.proc = None
 
 
 def _wait(nodes: list[ZooKeeperNode], timeout: float) -> None:
