@@ -19,11 +19,12 @@ from typing import Any
 from urllib.parse import quote
 
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
 import ylock
 from django_ylock import conf
 from django_ylock import registry as reg
+from ylock import report
 from ylock.keys import MAX_NAME_LENGTH, check_name
 from ylock.owner import _scoped, new_owner, run_as
 
@@ -123,7 +124,8 @@ class RequestLock:
 
     # -- answering ----------------------------------------------------------------------
 
-    def locked_response(self, request: HttpRequest, lock: ylock.Lock, exc: ylock.LockTimeout) -> HttpResponse:
+    def locked_response(self, request: HttpRequest, lock: ylock.Lock, exc: ylock.LockTimeout,
+                        mode: str = WRITE) -> HttpResponse:
         on_locked = self.on_locked or conf.plugin_setting("ON_LOCKED")
         if isinstance(on_locked, str):
             module, _, attr = on_locked.rpartition(".")
@@ -133,18 +135,12 @@ class RequestLock:
         timeout = lock.timeout if self.timeout is ylock.lock.DEFAULT else self.timeout
         retry = self.retry_after or conf.plugin_setting("RETRY_AFTER") or max(1, math.ceil(timeout or 1))
         status = self.status or conf.plugin_setting("LOCKED_STATUS")
-        response = HttpResponse(f"{lock.group}/{lock.name} is busy; retry in {retry} s\n", status=status,
-                                content_type="text/plain; charset=utf-8")
-        response["Retry-After"] = str(retry)
-        return response
+        return _answer(status, report.busy(lock.group, lock.name, mode, int(retry)))
 
     @staticmethod
     def unavailable_response(lock: ylock.Lock, exc: Exception) -> HttpResponse:
         logger.error("ylock: engine unavailable for %s/%s: %s", lock.group, lock.name, exc)
-        response = HttpResponse("lock service unavailable; retry later\n", status=503,
-                                content_type="text/plain; charset=utf-8")
-        response["Retry-After"] = "5"
-        return response
+        return _answer(503, report.unavailable(lock.group, lock.name, str(exc)))
 
     # -- holding ----------------------------------------------------------------------------
 
@@ -189,7 +185,7 @@ class RequestLock:
         try:
             run_as(owner, self._acquire, lock, mode)
         except ylock.LockTimeout as exc:
-            return self.locked_response(request, lock, exc)
+            return self.locked_response(request, lock, exc, mode)
         except ylock.EngineUnavailable as exc:
             return self.unavailable_response(lock, exc)
         def body() -> HttpResponse:
@@ -216,7 +212,7 @@ class RequestLock:
         try:
             await asyncio.to_thread(run_as, owner, self._acquire, lock, mode)
         except ylock.LockTimeout as exc:
-            return self.locked_response(request, lock, exc)
+            return self.locked_response(request, lock, exc, mode)
         except ylock.EngineUnavailable as exc:
             return self.unavailable_response(lock, exc)
         token = _scoped.set(owner)   # the view's own lock calls act as the request's owner
@@ -235,3 +231,10 @@ def release_pending(**kwargs: Any) -> None:
         _pending.releases = []
         for once in releases:
             once()
+
+
+def _answer(status: int, body: dict[str, Any]) -> HttpResponse:
+    """A refusal as both plugins send it: a JSON body from :mod:`ylock.report`, ``Retry-After``."""
+    response = JsonResponse(body, status=status)
+    response["Retry-After"] = str(body["retry_after"])
+    return response

@@ -23,7 +23,7 @@ import ylock
 import ylock.metrics
 from flask_ylock import signals
 from flask_ylock.config import make_registry, settings_from_app, user_lock_settings
-from ylock import events
+from ylock import events, report
 from ylock.engines.base import READ, WRITE
 from ylock.owner import run_as, task_owner
 
@@ -179,14 +179,13 @@ class YLock:
             ok = lock.try_lock(timeout) if mode == WRITE else lock.try_rlock(timeout)  # type: ignore[arg-type]
         except ylock.EngineUnavailable as exc:
             logger.warning("ylock engine unavailable for %s/%s: %s", lock.group, lock.name, exc)
-            return _answer(503, "lock engine unavailable", lock, 5, str(exc))
+            return _answer(503, report.unavailable(lock.group, lock.name, str(exc)))
         if ok:
             return None
         retry_after = self.state().retry_after
         if retry_after is None:
             retry_after = max(1, math.ceil(timeout or 0))
-        return _answer(423, "locked", lock, int(retry_after),
-                       f"the {mode} lock {lock.group}/{lock.name} is busy; retry later")
+        return _answer(423, report.busy(lock.group, lock.name, mode, int(retry_after)))
 
     def _exit(self, lock: ylock.Lock, mode: str) -> None:
         """Release ``lock``; a lost lease is logged (and signalled), never turned into an error page."""
@@ -241,7 +240,7 @@ def current_user_key() -> str:
         return f"addr:{request.remote_addr}"
 
 
-def _answer(status: int, error: str, lock: ylock.Lock, retry_after: int, detail: str) -> Response:
-    body = {"error": error, "lock": f"{lock.group}/{lock.name}", "detail": detail, "retry_after": retry_after}
+def _answer(status: int, body: dict[str, Any]) -> Response:
+    """A refusal as both plugins send it: a JSON body from :mod:`ylock.report`, ``Retry-After``."""
     return Response(json.dumps(body), status=status, mimetype="application/json",
-                    headers={"Retry-After": str(retry_after)})
+                    headers={"Retry-After": str(body["retry_after"])})

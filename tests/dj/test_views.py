@@ -50,7 +50,9 @@ def test_contention_answers_423_with_retry_after(client: Client):
         response = client.post("/transfer/1/")
         assert response.status_code == 423
         assert response["Retry-After"] == "1"
-        assert b"accounts/1 is busy" in response.content
+        assert response["Content-Type"] == "application/json"
+        assert response.json() == {"error": "locked", "lock": "accounts/1", "retry_after": 1,   # as Flask's
+                                   "detail": "the write lock accounts/1 is busy; retry later"}
         assert client.post("/transfer/2/").status_code == 200        # other accounts are free
     finally:
         done.set()
@@ -130,7 +132,9 @@ def test_engine_down_answers_503(settings, client: Client, caplog):
     settings.YLOCK = {"ENGINES": {"default": {"URL": f"redis://127.0.0.1:{free_port()}/0",
                                               "OPTIONS": {"connect_timeout": 0.2}}}}
     response = client.post("/transfer/1/")
-    assert response.status_code == 503 and response["Retry-After"]
+    assert response.status_code == 503 and response["Retry-After"] == "5"
+    body = response.json()
+    assert body["error"] == "lock engine unavailable" and body["lock"] == "accounts/1"
     assert "engine unavailable" in caplog.text
 
 

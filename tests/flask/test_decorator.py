@@ -51,7 +51,10 @@ def test_contention_answers_423_with_retry_after(make_app, live, gate: Gate) -> 
     assert gate.entered.wait(10)
     status, headers, body = server.request("POST", "/accounts/7/withdraw")
     assert status == 423 and headers["Retry-After"] == "1"
-    assert json.loads(body)["lock"].endswith("/7")
+    refusal = json.loads(body)
+    lock = refusal["lock"]           # the test's "accounts" group, under its own per-test prefix
+    assert lock.endswith("/7") and refusal == {"error": "locked", "lock": lock, "retry_after": 1,   # as Django's
+                                               "detail": f"the write lock {lock} is busy; retry later"}
     # Readers of account 7 wait for the writer too:
     assert server.request("GET", "/accounts/7")[0] == 423
     gate.leave.set()
