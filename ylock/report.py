@@ -53,7 +53,6 @@ def find(infos: Iterable[LockInfo], name: str) -> LockInfo | None:
     return next((i for i in infos if i.name == name), None)
 
 
-
 def busy(group: str, name: str, mode: str, retry_after: int) -> dict[str, object]:
     """The JSON body of a request refused because its lock is busy (423 Locked)."""
     return {"error": "locked", "lock": f"{group}/{name}", "retry_after": retry_after,

@@ -11,7 +11,7 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 
 class ServerError(RuntimeError):
@@ -23,6 +23,9 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+_S = TypeVar("_S", bound="ServerProcess")
 
 
 class ServerProcess:
@@ -61,8 +64,9 @@ class ServerProcess:
         except OSError:
             return "(no log)"
 
-    def __enter__(self) -> Any:
-        return self.start()
+    def __enter__(self: _S) -> _S:
+        self.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
