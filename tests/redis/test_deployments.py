@@ -56,10 +56,14 @@ def test_separate_prefixes_do_not_share_locks(redis_server, group):
 def tls_redis(tmp_path: Path):
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
+    # A CA as Python 3.13's strict verification (VERIFY_X509_STRICT) wants one: key usage included.
     run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=ylock-test-ca",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
         "-keyout", "ca.key", "-out", "ca.crt")
     run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr")
-    (tmp_path / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    (tmp_path / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n"
+                                      "keyUsage=critical,digitalSignature,keyEncipherment\n"
+                                      "extendedKeyUsage=serverAuth\n")
     run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
         "-days", "1", "-out", "server.crt", "-extfile", "ext.cnf")
     tls_port = free_port()
