@@ -21,6 +21,20 @@ def test_unknown_scheme_and_bad_urls_are_configuration_errors() -> None:
         ylock.engine_from_url("127.0.0.1:6379")
     with pytest.raises(ylock.ConfigurationError, match="socket_timeout"):
         ylock.engine_from_url("redis://127.0.0.1/0?socket_timeout=abc")
+    # Options neither ylock nor redis-py takes fail when the engine is made, naming them,
+    # not with a TypeError from inside redis-py on the first lock call.
+    with pytest.raises(ylock.ConfigurationError, match="unknown Redis URL option bogus"):
+        ylock.engine_from_url("redis://127.0.0.1/0?bogus=1")
+    with pytest.raises(ylock.ConfigurationError, match="TLS options need a rediss:// URL"):
+        ylock.engine_from_url("redis://127.0.0.1/0?ssl_ca_certs=/tmp/ca.crt")
+    with pytest.raises(ylock.ConfigurationError, match="redis[+]cluster:// URL options are ylock's only"):
+        ylock.engine_from_url("redis+cluster://127.0.0.1:7000?ssl=true")
+    with pytest.raises(ylock.ConfigurationError, match="unexpected keyword argument 'bogus'"):
+        ylock.engine_from_url("redis://127.0.0.1:1/0", bogus=1).ping()
+    with pytest.raises(ylock.ConfigurationError, match="unexpected keyword argument 'bogus'"):
+        ylock.engine_from_url("redis+sentinel://127.0.0.1:1/mymaster", bogus=1).ping()
+    tls = ylock.engine_from_url("rediss://127.0.0.1:1/0?ssl_ca_certs=/tmp/ca.crt&client_name=a&socket_keepalive=true")
+    assert tls.prefix == "ylock"  # type: ignore[attr-defined]   # redis-py's own options pass
     with pytest.raises(ylock.ConfigurationError, match="master name"):
         ylock.engine_from_url("redis+sentinel://127.0.0.1:26379").ping()
     with pytest.raises(ylock.ConfigurationError, match="cannot import engine"):

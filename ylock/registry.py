@@ -139,7 +139,7 @@ class Registry:
                 "e.g. redis://host:6379/0, zookeeper://host:2181/chroot, local://"
             return [Problem(ident, f"{where}['URL']: {exc}", hint)]
         try:
-            self._build(alias, conf)   # parses the URL and options; does not connect
+            self._build(alias, conf).check_options()   # parses the URL and options; does not connect
         except (ConfigurationError, ValueError, TypeError) as exc:
             return [Problem(E_ENGINE_URL, f"{where}: {exc}")]
         return []

@@ -138,6 +138,11 @@ class Engine(abc.ABC):
     def ping(self) -> None:
         """Raise :class:`ylock.EngineUnavailable` unless the server answers."""
 
+    def check_options(self) -> None:
+        """Raise :class:`ylock.ConfigurationError` for options that would only fail on first
+        use (a client option the driver does not take); never connects. Settings checks
+        (Django's ``manage.py check``, Flask's ``init_app``) call it."""
+
     def close(self) -> None:
         """Close connections; the engine reconnects if used again."""
 

