@@ -33,6 +33,8 @@ def test_unknown_scheme_and_bad_urls_are_configuration_errors() -> None:
         ylock.engine_from_url("redis://127.0.0.1:1/0", bogus=1).ping()
     with pytest.raises(ylock.ConfigurationError, match="unexpected keyword argument 'bogus'"):
         ylock.engine_from_url("redis+sentinel://127.0.0.1:1/mymaster", bogus=1).ping()
+    with pytest.raises(ylock.ConfigurationError, match="unknown ZooKeeper engine option bogus"):
+        ylock.engine_from_url("zookeeper://127.0.0.1:2181/x", bogus=1)
     tls = ylock.engine_from_url("rediss://127.0.0.1:1/0?ssl_ca_certs=/tmp/ca.crt&client_name=a&socket_keepalive=true")
     assert tls.prefix == "ylock"  # type: ignore[attr-defined]   # redis-py's own options pass
     with pytest.raises(ylock.ConfigurationError, match="master name"):

@@ -289,6 +289,10 @@ class ZooKeeperEngine(Engine):
                 mine[key] = converters[key](raw)
             except ValueError as exc:
                 raise ConfigurationError(f"ZooKeeper URL option {key}={raw!r} is invalid: {exc}") from exc
+        unknown = sorted(set(options) - set(converters))
+        if unknown:
+            raise ConfigurationError(f"unknown ZooKeeper engine option{'s' if len(unknown) > 1 else ''} "
+                                     f"{', '.join(unknown)}; known: {sorted(converters)}")
         return cls(url.split("?", 1)[0], **{**mine, **options})
 
     def url_for_display(self) -> str:
