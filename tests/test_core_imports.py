@@ -1,6 +1,11 @@
-"""The core never imports Django or Flask (STYLE: framework-free core)."""
+"""The core imports no framework (STYLE: framework-free core); bad engine URLs and options are
+ConfigurationErrors that name the problem, raised before any connection."""
 import subprocess
 import sys
+
+import pytest
+
+import ylock
 
 
 def test_import_ylock_pulls_in_no_framework() -> None:
@@ -11,32 +16,38 @@ def test_import_ylock_pulls_in_no_framework() -> None:
     assert out.stdout.strip() == ""
 
 
-def test_unknown_scheme_and_bad_urls_are_configuration_errors() -> None:
-    import pytest
-
-    import ylock
-    with pytest.raises(ylock.ConfigurationError, match="unknown engine URL scheme 'mysql'"):
-        ylock.engine_from_url("mysql://x")
-    with pytest.raises(ylock.ConfigurationError, match="scheme://"):
-        ylock.engine_from_url("127.0.0.1:6379")
-    with pytest.raises(ylock.ConfigurationError, match="socket_timeout"):
-        ylock.engine_from_url("redis://127.0.0.1/0?socket_timeout=abc")
+@pytest.mark.parametrize("url, options, message", [
+    ("mysql://x", {}, "unknown engine URL scheme 'mysql'"),
+    ("127.0.0.1:6379", {}, "scheme://"),
+    ("redis://127.0.0.1/0?socket_timeout=abc", {}, "socket_timeout"),
     # Options neither ylock nor redis-py takes fail when the engine is made, naming them,
     # not with a TypeError from inside redis-py on the first lock call.
-    with pytest.raises(ylock.ConfigurationError, match="unknown Redis URL option bogus"):
-        ylock.engine_from_url("redis://127.0.0.1/0?bogus=1")
-    with pytest.raises(ylock.ConfigurationError, match="TLS options need a rediss:// URL"):
-        ylock.engine_from_url("redis://127.0.0.1/0?ssl_ca_certs=/tmp/ca.crt")
-    with pytest.raises(ylock.ConfigurationError, match="redis[+]cluster:// URL options are ylock's only"):
-        ylock.engine_from_url("redis+cluster://127.0.0.1:7000?ssl=true")
-    with pytest.raises(ylock.ConfigurationError, match="unexpected keyword argument 'bogus'"):
-        ylock.engine_from_url("redis://127.0.0.1:1/0", bogus=1).ping()
-    with pytest.raises(ylock.ConfigurationError, match="unexpected keyword argument 'bogus'"):
-        ylock.engine_from_url("redis+sentinel://127.0.0.1:1/mymaster", bogus=1).ping()
-    with pytest.raises(ylock.ConfigurationError, match="unknown ZooKeeper engine option bogus"):
-        ylock.engine_from_url("zookeeper://127.0.0.1:2181/x", bogus=1)
+    ("redis://127.0.0.1/0?bogus=1", {}, "unknown Redis URL option bogus"),
+    ("redis://127.0.0.1/0?ssl_ca_certs=/tmp/ca.crt", {}, "TLS options need a rediss:// URL"),
+    ("redis+cluster://127.0.0.1:7000?ssl=true", {}, "redis[+]cluster:// URL options are ylock's only"),
+    ("zookeeper://127.0.0.1:2181/x", {"bogus": 1}, "unknown ZooKeeper engine option bogus"),
+])
+def test_bad_urls_and_options_are_configuration_errors(url: str, options: dict[str, object], message: str) -> None:
+    with pytest.raises(ylock.ConfigurationError, match=message):
+        ylock.engine_from_url(url, **options)
+
+
+@pytest.mark.parametrize("url, message", [
+    # keyword options are checked when the client is built, still before any connection
+    ("redis://127.0.0.1:1/0", "unexpected keyword argument 'bogus'"),
+    ("redis+sentinel://127.0.0.1:1/mymaster", "unexpected keyword argument 'bogus'"),
+])
+def test_bad_keyword_options_fail_before_connecting(url: str, message: str) -> None:
+    engine = ylock.engine_from_url(url, bogus=1)
+    with pytest.raises(ylock.ConfigurationError, match=message):
+        engine.check_options()
+    with pytest.raises(ylock.ConfigurationError, match=message):
+        engine.ping()
+
+
+def test_urls_and_paths_that_are_fine() -> None:
     tls = ylock.engine_from_url("rediss://127.0.0.1:1/0?ssl_ca_certs=/tmp/ca.crt&client_name=a&socket_keepalive=true")
-    assert tls.prefix == "ylock"  # type: ignore[attr-defined]   # redis-py's own options pass
+    tls.check_options()                                      # redis-py's own options pass
     with pytest.raises(ylock.ConfigurationError, match="master name"):
         ylock.engine_from_url("redis+sentinel://127.0.0.1:26379").ping()
     with pytest.raises(ylock.ConfigurationError, match="cannot import engine"):
@@ -44,6 +55,9 @@ def test_unknown_scheme_and_bad_urls_are_configuration_errors() -> None:
     assert isinstance(ylock.engine_from_path("ylock.engines.local.LocalEngine"), ylock.Engine)
     engine = ylock.engine_from_url("redis://user:secret@127.0.0.1:1/0?prefix=app")
     assert "secret" not in repr(engine) and engine.prefix == "app"  # type: ignore[attr-defined]
+
+
+def test_the_errors_are_also_builtin_exceptions() -> None:
     assert isinstance(ylock.LockTimeout("x"), TimeoutError)
     assert isinstance(ylock.EngineUnavailable("x"), ConnectionError)
     assert isinstance(ylock.ConfigurationError("x"), ValueError)
