@@ -25,7 +25,6 @@ def test_import_ylock_pulls_in_no_framework() -> None:
     ("redis://127.0.0.1/0?bogus=1", {}, "unknown Redis URL option bogus"),
     ("redis://127.0.0.1/0?ssl_ca_certs=/tmp/ca.crt", {}, "TLS options need a rediss:// URL"),
     ("redis+cluster://127.0.0.1:7000?ssl=true", {}, "redis[+]cluster:// URL options are ylock's only"),
-    ("zookeeper://127.0.0.1:2181/x", {"bogus": 1}, "unknown ZooKeeper engine option bogus"),
 ])
 def test_bad_urls_and_options_are_configuration_errors(url: str, options: dict[str, object], message: str) -> None:
     with pytest.raises(ylock.ConfigurationError, match=message):
