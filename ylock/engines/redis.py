@@ -522,10 +522,8 @@ def _check_url_options(scheme: str, names: list[str], ours: list[str]) -> None:
                                  f"(Django: the engine's OPTIONS)")
     from redis.connection import URL_QUERY_ARGUMENT_PARSERS, AbstractConnection, Connection, SSLConnection
 
-    known = set(URL_QUERY_ARGUMENT_PARSERS)
-    for cls in (AbstractConnection, Connection, SSLConnection) if scheme == "rediss" else (AbstractConnection,
-                                                                                             Connection):
-        known.update(inspect.signature(cls.__init__).parameters)
+    classes = [AbstractConnection, Connection] + ([SSLConnection] if scheme == "rediss" else [])
+    known = set(URL_QUERY_ARGUMENT_PARSERS).union(*(inspect.signature(c).parameters for c in classes))
     known -= {"self", "kwargs"}
     unknown = [n for n in names if n not in known]
     if unknown:
