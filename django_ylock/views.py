@@ -7,16 +7,15 @@ internal endpoint (a URL only your scraper reaches, or a decorator of your own).
 """
 from __future__ import annotations
 
+from django.apps import apps
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
-
-from django_ylock import apps
 
 
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
     """Return the Prometheus text exposition of the lock metrics."""
-    exporter = getattr(apps.METRICS, "prometheus", None)
+    exporter = getattr(apps.get_app_config("django_ylock").metrics, "prometheus", None)
     if exporter is None:
         raise Http404("YLOCK['METRICS'] has no PROMETHEUS exporter")
     body, content_type = exporter.expose()

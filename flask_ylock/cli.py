@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import click
+from flask import current_app
 from flask.cli import AppGroup
 
 import ylock
@@ -26,9 +27,11 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON i
 
 
 def _registry() -> Registry:
-    from flask_ylock.extension import YLock
-
-    return YLock.state().registry
+    state = current_app.extensions.get("ylock")
+    if state is None:
+        raise click.ClickException(f"ylock is not initialised on app {current_app.name!r}: did you forget to call "
+                                   "`ylock.init_app(app)` (or `YLock(app)`)?")
+    return state.registry  # type: ignore[no-any-return]
 
 
 def _engine(alias: str) -> ylock.Engine:

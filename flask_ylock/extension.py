@@ -2,8 +2,12 @@
 
 Per-app state lives in ``app.extensions["ylock"]`` (a :class:`State`), never on the
 extension object, so one ``YLock()`` serves several apps in a process, each with its own
-engines and named locks. The view decorator and the per-user request hooks share one
-implementation (:meth:`YLock._enter` / :meth:`YLock._exit`).
+engines and named locks. What a locked request does is :mod:`ylock.web`'s (shared with
+Django); this module translates Flask's request, user, session and config into it.
+
+The request is the owner: the per-user hook and the view's decorators take their locks
+as one owner id kept in ``g``, so they re-enter instead of waiting for each other,
+whether the view is sync or async.
 """
 from __future__ import annotations
 
@@ -12,7 +16,6 @@ import functools
 import inspect
 import json
 import logging
-import math
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -22,34 +25,33 @@ from flask import Flask, Response, current_app, g, has_app_context, request, ses
 import ylock
 import ylock.metrics
 from flask_ylock import signals
-from flask_ylock.config import make_registry, settings_from_app, user_lock_settings
-from ylock import events, report
-from ylock.engines.base import READ, WRITE
-from ylock.owner import run_as, task_owner
+from flask_ylock.cli import ylock_cli
+from flask_ylock.config import settings_from_app, web_settings_from_app, where
+from ylock import events, web
+from ylock.engines.base import WRITE
+from ylock.owner import new_owner, owner_scope, run_as
+from ylock.registry import TOP_KEYS, Registry
 
-logger = logging.getLogger("flask_ylock")
+logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
-_DEFAULT: Any = object()
 
 
 class State:
-    """One app's ylock state: its registry of engines and locks, metrics and hook settings."""
+    """One app's ylock state: its registry of engines and locks, web settings and metrics."""
 
     def __init__(self, app: Flask) -> None:
         # Validate everything before starting anything (exporters are process-wide).
         self.settings = settings_from_app(app)
-        self.registry = make_registry(self.settings)
-        self.registry.validate()
-        self.user_lock = user_lock_settings(app)
-        self.retry_after = app.config.get("YLOCK_RETRY_AFTER")
-        if self.retry_after is not None and (isinstance(self.retry_after, bool)
-                                             or not isinstance(self.retry_after, int) or self.retry_after < 0):
-            raise ylock.ConfigurationError(f"YLOCK_RETRY_AFTER must be a number of seconds >= 0, "
-                                           f"got {self.retry_after!r}")
-        ylock.metrics.validate(self.settings["METRICS"], setting="YLOCK_METRICS")
-        self.metrics = ylock.metrics.configure(self.settings["METRICS"], setting="YLOCK_METRICS")
+        self.registry = Registry(self.settings, where="YLOCK")
+        self.registry.validate(known=TOP_KEYS)
+        self.web = web_settings_from_app(app)
+        self.secret = app.secret_key
+        ylock.metrics.validate(self.settings["METRICS"], setting=where("METRICS"))
+        self.metrics = ylock.metrics.configure(self.settings["METRICS"], setting=where("METRICS"))
+        self.user_locks = None if self.web.user_lock is None else {
+            mode: web.LockedView(self.web.user_lock.lock, key=None, mode=mode, timeout=self.web.user_lock.timeout,
+                                 anonymous=self.web.user_lock.anonymous) for mode in (web.READ, web.WRITE)}
 
 
 class YLock:
@@ -77,7 +79,6 @@ class YLock:
                 return Response(body, content_type=content_type)
 
             app.add_url_rule(path, "ylock_metrics", metrics_view)
-        from flask_ylock.cli import ylock_cli
         app.cli.add_command(ylock_cli)
 
     # -- state --------------------------------------------------------------------------
@@ -85,162 +86,163 @@ class YLock:
     @staticmethod
     def state(app: Flask | None = None) -> State:
         """Return the ylock state of ``app`` (default: the current app); raise an actionable error if none."""
-        if app is None:
-            if not has_app_context():
-                raise RuntimeError("flask_ylock needs an application context: call this inside a request, "
-                                   "a CLI command or `with app.app_context():`")
-            app = current_app._get_current_object()  # type: ignore[attr-defined]
-        try:
-            return app.extensions["ylock"]  # type: ignore[no-any-return]
-        except KeyError:
-            raise RuntimeError(f"ylock is not initialised on app {app.name!r}: did you forget to call "
-                               "`ylock.init_app(app)` (or `YLock(app)`)?") from None
+        return state(app)
 
     def lock(self, name: str) -> ylock.Lock:
         """Return the named :class:`ylock.Lock` of the current app (``YLOCK_LOCKS[name]``, or defaults)."""
-        return self.state().registry.lock(name)
+        return state().registry.lock(name)
 
     def locks(self, name: str) -> ylock.Locks:
         """Return the named :class:`ylock.Locks` family of the current app."""
-        return self.state().registry.locks(name)
+        return state().registry.locks(name)
 
     def engine(self, alias: str = "default") -> ylock.Engine:
         """Return the current app's engine ``alias``."""
-        return self.state().registry.engine(alias)
+        return state().registry.engine(alias)
 
     # -- the view decorator -------------------------------------------------------------
 
-    def locked(self, name: str, key: str | Callable[..., object] | None = None, mode: str = WRITE,
-               timeout: float | None = _DEFAULT) -> Callable[[F], F]:
+    def locked(self, name: str, key: str | Callable[..., object] | None | bool = None, mode: str = WRITE,
+               timeout: float | None = ylock.DEFAULT, status: int | None = None,
+               retry_after: int | None = None, anonymous: str = "session") -> Callable[[F], F]:
         """Hold a lock of family ``name`` around every call of a view.
 
         ``key`` picks the lock in the family: the name of a URL variable (``"account_id"``),
-        a callable taking the view's keyword arguments, or None for the current user
-        (Flask-Login's, else one per session). ``mode``: ``"write"`` or ``"read"``;
-        ``timeout``: seconds to wait (default: the lock's, else 0: fail at once). A lock
-        that cannot be had in time answers 423 with ``Retry-After``; an engine that cannot
-        be reached answers 503. Works on sync and async views.
+        a callable taking the view's keyword arguments, None for the current user
+        (Flask-Login's, else one per session; ``anonymous="skip"``: no lock for anonymous
+        visitors) or False (the named lock itself). ``mode``: ``"write"`` or ``"read"``;
+        ``timeout``: seconds to wait (None: forever), default the lock's TIMEOUT, else 5.
+        A lock that cannot be had in time answers 423 with ``Retry-After``; an engine that
+        cannot be reached answers 503. Works on sync and async views. The arguments are
+        checked here, when the decorator is applied.
         """
-        if mode not in (WRITE, READ):
-            raise ValueError(f"mode must be 'write' or 'read', got {mode!r}")
-        if not (key is None or isinstance(key, str) or callable(key)):
-            raise ValueError(f"key must be a URL variable name, a callable or None, got {key!r}")
+        view_spec = web.LockedView(name, key=key, mode=mode, timeout=timeout, status=status,
+                                   retry_after=retry_after, anonymous=anonymous)
+        if key is not False:
+            web.check_family_name(name)
 
         def decorate(view: F) -> F:
             if inspect.iscoroutinefunction(view):
                 @functools.wraps(view)
                 async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                    target, wait = self._target(name, key, kwargs, timeout)
-                    # As in the core, the asyncio task is the owner; the blocking calls run
-                    # in worker threads on its behalf.
-                    owner = task_owner()
-                    refused = await asyncio.to_thread(run_as, owner, self._enter, target, mode, wait)
-                    if refused is not None:
-                        return refused
-                    try:
+                    target, held_mode, wait = _target(view_spec, kwargs)
+                    if target is None:
                         return await view(*args, **kwargs)
-                    finally:
-                        await asyncio.to_thread(run_as, owner, self._exit, target, mode)
+                    with owner_scope(request_owner()):
+                        refused = await asyncio.to_thread(_enter, target, held_mode, wait, view_spec)
+                        if refused is not None:
+                            return refused
+                        try:
+                            return await view(*args, **kwargs)
+                        finally:
+                            await asyncio.to_thread(web.leave, target, held_mode)
                 return async_wrapper  # type: ignore[return-value]
 
             @functools.wraps(view)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
-                target, wait = self._target(name, key, kwargs, timeout)
-                refused = self._enter(target, mode, wait)
-                if refused is not None:
-                    return refused
-                try:
+                target, held_mode, wait = _target(view_spec, kwargs)
+                if target is None:
                     return view(*args, **kwargs)
-                finally:
-                    self._exit(target, mode)
+                with owner_scope(request_owner()):
+                    refused = _enter(target, held_mode, wait, view_spec)
+                    if refused is not None:
+                        return refused
+                    try:
+                        return view(*args, **kwargs)
+                    finally:
+                        web.leave(target, held_mode)
             return wrapper  # type: ignore[return-value]
         return decorate
-
-    def _target(self, name: str, key: Any, view_kwargs: dict[str, Any], timeout: Any) -> tuple[ylock.Lock, float]:
-        family = self.locks(name)
-        if key is None:
-            lock_name = current_user_key()
-        elif isinstance(key, str):
-            if key not in view_kwargs:
-                raise LookupError(f"@locked({name!r}, key={key!r}): the view has no URL variable {key!r} "
-                                  f"(it has {sorted(view_kwargs)})")
-            lock_name = str(view_kwargs[key])
-        else:
-            lock_name = str(key(**view_kwargs))
-        if timeout is _DEFAULT:
-            timeout = family.timeout if family.timeout is not None else 0.0
-        return family[lock_name], timeout
-
-    # -- shared by the decorator and the hooks ------------------------------------------------
-
-    def _enter(self, lock: ylock.Lock, mode: str, timeout: float | None) -> Response | None:
-        """Acquire ``lock`` in ``mode``; return None, or the 423/503 response to answer instead."""
-        try:
-            ok = lock.try_lock(timeout) if mode == WRITE else lock.try_rlock(timeout)  # type: ignore[arg-type]
-        except ylock.EngineUnavailable as exc:
-            logger.warning("ylock engine unavailable for %s/%s: %s", lock.group, lock.name, exc)
-            return _answer(503, report.unavailable(lock.group, lock.name, str(exc)))
-        if ok:
-            return None
-        retry_after = self.state().retry_after
-        if retry_after is None:
-            retry_after = max(1, math.ceil(timeout or 0))
-        return _answer(423, report.busy(lock.group, lock.name, mode, int(retry_after)))
-
-    def _exit(self, lock: ylock.Lock, mode: str) -> None:
-        """Release ``lock``; a lost lease is logged (and signalled), never turned into an error page."""
-        try:
-            lock.unlock() if mode == WRITE else lock.runlock()
-        except ylock.LockLost as exc:
-            logger.error("ylock: %s", exc)
-        except ylock.EngineUnavailable as exc:
-            logger.error("ylock: could not release %s/%s (its lease will expire): %s", lock.group, lock.name, exc)
 
     # -- per-user locking around requests ---------------------------------------------------
 
     def _before_request(self) -> Response | None:
-        state = self.state()
-        conf = state.user_lock
-        if conf is None:
+        st = state()
+        conf = st.web.user_lock
+        if conf is None or st.user_locks is None or not conf.covers(request.path):
             return None
-        path = request.path
-        if not any(path.startswith(p) for p in conf["PATHS"]) or any(path.startswith(p) for p in conf["EXCLUDE"]):
+        if st.metrics.prometheus_path and request.path == st.metrics.prometheus_path:
             return None
-        if state.metrics.prometheus_path and path == state.metrics.prometheus_path:
+        view_spec = st.user_locks[conf.mode(request.method)]
+        target, mode, wait = _target(view_spec, {})
+        if target is None:
             return None
-        lock = state.registry.locks(conf["LOCK"])[current_user_key()]
-        mode = READ if request.method in SAFE_METHODS else WRITE
-        refused = self._enter(lock, mode, conf["TIMEOUT"])
+        refused = run_as(request_owner(), _enter, target, mode, wait, view_spec)
         if refused is None:
-            g._ylock_user_hold = (lock, mode)
-        return refused
+            g._ylock_user_hold = (target, mode)
+        return refused  # type: ignore[return-value]
 
     def _teardown_request(self, exc: BaseException | None) -> None:
         held = g.pop("_ylock_user_hold", None)
         if held is not None:
-            self._exit(*held)
+            run_as(request_owner(), web.leave, *held)
 
 
-def current_user_key() -> str:
-    """Return the lock name of the current user: ``user:<id>`` for a Flask-Login user,
-    else ``session:<random id>`` kept in the session, else ``addr:<client address>``."""
+def state(app: Flask | None = None) -> State:
+    """Return the ylock state of ``app`` (default: the current app); raise an actionable error if none."""
+    if app is None:
+        if not has_app_context():
+            raise RuntimeError("flask_ylock needs an application context: call this inside a request, "
+                               "a CLI command or `with app.app_context():`")
+        app = current_app._get_current_object()  # type: ignore[attr-defined]
+    try:
+        return app.extensions["ylock"]  # type: ignore[no-any-return]
+    except KeyError:
+        raise RuntimeError(f"ylock is not initialised on app {app.name!r}: did you forget to call "
+                           "`ylock.init_app(app)` (or `YLock(app)`)?") from None
+
+
+def request_owner() -> str:
+    """Return the owner id of the current request (kept in ``g``)."""
+    owner: str | None = g.get("_ylock_owner")
+    if owner is None:
+        owner = g._ylock_owner = new_owner()
+    return owner
+
+
+def current_user_key(anonymous: str = "session") -> str | None:
+    """Return the lock name of the current user: ``user-<id>`` for a Flask-Login user, else a
+    keyed hash of a random id kept in the session (``session-<hmac>``), else (no secret key:
+    Flask cannot keep a session) one per client address; None when ``anonymous`` is "skip"."""
     try:
         from flask_login import current_user
     except ImportError:
         current_user = None
     if current_user is not None and hasattr(current_app, "login_manager"):
         if getattr(current_user, "is_authenticated", False):
-            return f"user:{current_user.get_id()}"
-    try:
-        sid = session.get("_ylock_id")
-        if sid is None:
-            sid = session["_ylock_id"] = uuid.uuid4().hex
-        return f"session:{sid}"
-    except RuntimeError:  # no SECRET_KEY: Flask's null session cannot store anything
-        return f"addr:{request.remote_addr}"
+            return web.user_name(current_user.get_id())
+    if anonymous == "skip":
+        return None
+    secret = current_app.secret_key
+    if not secret:
+        return web.key_name(f"addr-{request.remote_addr}")
+    sid = session.get("_ylock_id")
+    if sid is None:
+        sid = session["_ylock_id"] = uuid.uuid4().hex
+    return web.session_name(sid, secret)
 
 
-def _answer(status: int, body: dict[str, Any]) -> Response:
-    """A refusal as both plugins send it: a JSON body from :mod:`ylock.report`, ``Retry-After``."""
-    return Response(json.dumps(body), status=status, mimetype="application/json",
-                    headers={"Retry-After": str(body["retry_after"])})
+def _target(spec: web.LockedView, view_kwargs: dict[str, Any]) -> tuple[ylock.Lock | None, str, float | None]:
+    registry = state().registry
+    name = spec.key_value(view_kwargs, lambda: spec.key(**view_kwargs),  # type: ignore[operator]
+                          lambda: current_user_key(spec.anonymous))
+    if name is None:
+        return None, WRITE, None
+    target = registry.lock(spec.name) if name == "" else registry.locks(spec.name)[name]
+    return target, spec.mode_for(request), spec.timeout_for(registry)
+
+
+def _enter(lock: ylock.Lock, mode: str, timeout: float | None, spec: web.LockedView) -> Response | None:
+    st = state()
+    outcome = web.enter(lock, mode, timeout, st.web, retry=spec.retry_after, status=spec.status,
+                        custom=st.web.on_locked is not None)
+    if isinstance(outcome, ylock.LockTimeout):
+        return st.web.on_locked(outcome)  # type: ignore[misc, no-any-return]
+    return None if outcome is None else answer(outcome)
+
+
+def answer(refusal: web.Refusal) -> Response:
+    """A refusal as both plugins send it: status and reason, JSON body, Retry-After."""
+    response = Response(json.dumps(refusal.body), mimetype="application/json", headers=refusal.headers)
+    response.status = f"{refusal.status} {refusal.reason}"
+    return response

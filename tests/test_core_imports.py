@@ -49,7 +49,7 @@ def test_urls_and_paths_that_are_fine() -> None:
     tls.check_options()                                      # redis-py's own options pass
     with pytest.raises(ylock.ConfigurationError, match="master name"):
         ylock.engine_from_url("redis+sentinel://127.0.0.1:26379").ping()
-    with pytest.raises(ylock.ConfigurationError, match="cannot import engine"):
+    with pytest.raises(ylock.ConfigurationError, match="cannot be imported"):
         ylock.engine_from_path("nope.Engine")
     assert isinstance(ylock.engine_from_path("ylock.engines.local.LocalEngine"), ylock.Engine)
     engine = ylock.engine_from_url("redis://user:secret@127.0.0.1:1/0?prefix=app")

@@ -8,6 +8,7 @@ fencing tokens and metrics, over Redis, ZooKeeper or in-process.
         ...
 """
 from ylock import events
+from ylock.engines import engine_from_path, engine_from_url
 from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, LockInfo, RenewItem
 from ylock.errors import (
     ConfigurationError,
@@ -18,9 +19,9 @@ from ylock.errors import (
     LockTimeout,
     LockUpgradeError,
 )
-from ylock.lock import Guard, Lock, Locks
-from ylock.owner import current_owner, owner_scope
-from ylock.urls import engine_from_path, engine_from_url
+from ylock.holds import HOLDS
+from ylock.lock import DEFAULT, Guard, Lock, Locks
+from ylock.owner import current_owner, owner_scope, run_as
 from ylock.waiting import Polling
 from ylock.watchdog import WATCHDOG
 
@@ -28,8 +29,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Lock", "Locks", "Guard", "Engine", "LockInfo", "AcquireRequest", "RenewItem", "Polling",
-    "READ", "WRITE", "engine_from_url", "engine_from_path", "current_owner", "owner_scope",
-    "events", "WATCHDOG",
+    "READ", "WRITE", "DEFAULT", "engine_from_url", "engine_from_path", "current_owner", "owner_scope", "run_as",
+    "events", "WATCHDOG", "HOLDS",
     "LockError", "LockTimeout", "LockNotOwned", "LockLost", "LockUpgradeError",
     "EngineUnavailable", "ConfigurationError",
 ]

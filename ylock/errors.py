@@ -39,4 +39,17 @@ class EngineUnavailable(LockError, ConnectionError):
 
 
 class ConfigurationError(LockError, ValueError):
-    """A URL, setting or option is invalid."""
+    """A URL, setting or option is invalid.
+
+    ``code`` says which kind of mistake (``"E002"``: an engine URL or option; the list is in
+    :mod:`ylock.options`), so that Django can report it as the system check
+    ``django_ylock.E002``; ``hint`` says how to fix it, when there is more to say. The
+    message (``str()``) ends with the hint in parentheses; ``problem`` is the message alone.
+    """
+
+    def __init__(self, message: str, *, code: str = "E001", hint: str = "", group: str | None = None,
+                 name: str | None = None) -> None:
+        self.code = code
+        self.hint = hint
+        self.problem = message
+        super().__init__(f"{message} ({hint})" if hint else message, group=group, name=name)

@@ -20,15 +20,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ylock import events
-from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, validate_common
+from ylock import events, options
+from ylock.engines.base import READ, WRITE, AcquireRequest, Engine
 from ylock.errors import LockLost, LockNotOwned, LockTimeout, LockUpgradeError
-from ylock.keys import check_group, check_name
+from ylock.holds import HOLDS, Hold
+from ylock.names import check_group, check_name
 from ylock.owner import current_owner, run_as, task_owner
 from ylock.waiting import DEFAULT_POLLING, Polling
 from ylock.watchdog import WATCHDOG
@@ -41,51 +41,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: Sentinel: "use the lock's default timeout".
 DEFAULT: Any = object()
 
-# Every live hold of this process, keyed by (engine, group, name, owner). Only the owner
-# creates, counts and deletes its entry; the watchdog only flips ``lost``. Dict reads and
-# single writes are atomic in CPython, so the re-entry path takes no lock.
-_holds: dict[tuple[Engine, str, str, str], Hold] = {}
+_holds = HOLDS.by_key      # read without a lock on the re-entry path (see ylock.holds)
 
 
-class Hold:
-    """One owner's hold of one lock: reentry counts per mode, token and lost flag."""
-
-    __slots__ = ("engine", "group", "name", "owner", "lease", "writes", "reads", "token",
-                 "started", "lost", "lost_reason", "_lost_published")
-
-    def __init__(self, engine: Engine, group: str, name: str, owner: str, lease: float, token: int) -> None:
-        self.engine = engine
-        self.group = group
-        self.name = name
-        self.owner = owner
-        self.lease = lease
-        self.writes = 0
-        self.reads = 0
-        self.token = token
-        self.started = time.monotonic()
-        self.lost = False
-        self.lost_reason = ""
-        self._lost_published = False
-
-    def mark_lost(self, reason: str) -> None:
-        """Flag the hold lost and publish one ``lost`` event."""
-        self.lost = True
-        self.lost_reason = self.lost_reason or reason
-        if not self._lost_published:
-            self._lost_published = True
-            mode = WRITE if self.writes else READ
-            events.publish(events.LOST, self.group, self.name, self.engine.scheme, mode,
-                           owner=self.owner, token=self.token, detail=reason)
-
-
-def _check_timeout(timeout: Any) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout:
-        raise ValueError(f"timeout must be None or a number of seconds, got {timeout!r}")
-    if timeout < 0:
-        raise ValueError(f"timeout must not be negative, got {timeout!r}")
-    return float(timeout)
+def _validated(engine: Engine, fair: bool, lease: float, polling: Polling | None,
+               timeout: float | None) -> tuple[Engine, bool, float, Polling, float | None]:
+    """Check the options that a :class:`Lock` and a :class:`Locks` family share."""
+    if not isinstance(engine, Engine):
+        raise options.fail("engine", f"must be a ylock engine (see ylock.engine_from_url), got {engine!r}",
+                           options.E_LOCK_OPTION)
+    if polling is not None and not isinstance(polling, Polling):
+        raise options.fail("polling", f"must be a ylock.Polling, got {polling!r}", options.E_LOCK_OPTION)
+    return (engine, options.boolean(fair, "fair"), options.lease(lease), polling or DEFAULT_POLLING,
+            options.timeout(timeout))
 
 
 class Lock:
@@ -101,18 +69,20 @@ class Lock:
 
     def __init__(self, engine: Engine, group: str, name: str = "global", *, fair: bool = True,
                  lease: float = 30.0, polling: Polling | None = None, timeout: float | None = None) -> None:
-        if not isinstance(engine, Engine):
-            raise ValueError(f"engine must be a ylock engine (see ylock.engine_from_url), got {engine!r}")
-        self.engine = engine
+        self.engine, self.fair, self.lease, self.polling, self.timeout = \
+            _validated(engine, fair, lease, polling, timeout)
         self.group = check_group(group)
         self.name = check_name(name)
-        validate_common(lease, fair)
-        self.fair = fair
-        self.lease = float(lease)
-        if polling is not None and not isinstance(polling, Polling):
-            raise ValueError(f"polling must be a ylock.Polling, got {polling!r}")
-        self.polling = polling or DEFAULT_POLLING
-        self.timeout = _check_timeout(timeout)
+
+    @classmethod
+    def _checked(cls, engine: Engine, group: str, name: str, fair: bool, lease: float, polling: Polling,
+                 timeout: float | None) -> Lock:
+        """Build a lock from options validated already (a :class:`Locks` family's): only the
+        name is checked, so a family hands out a lock per request cheaply."""
+        lock = cls.__new__(cls)
+        lock.engine, lock.group, lock.name = engine, group, check_name(name)
+        lock.fair, lock.lease, lock.polling, lock.timeout = fair, lease, polling, timeout
+        return lock
 
     def __repr__(self) -> str:
         return f"<ylock.Lock {self.group}/{self.name} on {self.engine!r}>"
@@ -126,7 +96,7 @@ class Lock:
         """
         self._acquire(WRITE, self.timeout if timeout is DEFAULT else timeout, True)
 
-    def try_lock(self, timeout: float = 0.0) -> bool:
+    def try_lock(self, timeout: float | None = 0.0) -> bool:
         """Acquire the write lock if it can be had within ``timeout``; return whether it was."""
         return self._acquire(WRITE, timeout, False)
 
@@ -144,7 +114,7 @@ class Lock:
         """Acquire the read lock, waiting up to ``timeout`` seconds (None: forever)."""
         self._acquire(READ, self.timeout if timeout is DEFAULT else timeout, True)
 
-    def try_rlock(self, timeout: float = 0.0) -> bool:
+    def try_rlock(self, timeout: float | None = 0.0) -> bool:
         """Acquire the read lock if it can be had within ``timeout``; return whether it was."""
         return self._acquire(READ, timeout, False)
 
@@ -200,7 +170,7 @@ class Lock:
     # -- the work ----------------------------------------------------------------------------------
 
     def _acquire(self, mode: str, timeout: Any, raise_on_timeout: bool) -> bool:
-        timeout = _check_timeout(timeout)
+        timeout = options.timeout(timeout)
         owner = current_owner()
         key = (self.engine, self.group, self.name, owner)
         hold = _holds.get(key)
@@ -222,7 +192,8 @@ class Lock:
                 raise LockLost("the server refused this write holder its downgrade to read: the write "
                                "hold is gone", group=self.group, name=self.name)
             hold.reads = 1
-            WATCHDOG.add(hold, READ, self.polling.waiter_lease / 3)
+            if HOLDS.renew_from(hold, READ, self.polling.waiter_lease / 3):
+                WATCHDOG.ensure_running()
             return True
 
         started = time.monotonic()
@@ -241,8 +212,9 @@ class Lock:
             hold.writes = 1
         else:
             hold.reads = 1
-        _holds[key] = hold
-        WATCHDOG.add(hold, mode, self.polling.waiter_lease / 3)
+        HOLDS.add(hold)
+        if HOLDS.renew_from(hold, mode, self.polling.waiter_lease / 3):
+            WATCHDOG.ensure_running()
         events.publish(events.ACQUIRED, self.group, self.name, self.engine.scheme, mode,
                        owner=owner, token=token, wait=waited)
         return True
@@ -270,8 +242,9 @@ class Lock:
             hold.reads = 0
         finished = not hold.writes and not hold.reads
         if finished:
-            del _holds[key]
-        WATCHDOG.remove(hold, mode)
+            HOLDS.remove(hold)
+        else:
+            HOLDS.stop_renewing(hold, mode)
         started = time.monotonic()
         still_held: bool | None = None
         try:
@@ -282,7 +255,7 @@ class Lock:
                            token=hold.token, hold=(ended - hold.started) if finished else None,
                            release=ended - started)
         if hold.lost or not still_held:
-            hold.mark_lost(hold.lost_reason or "the server no longer had this hold at release")
+            HOLDS.lose(hold, "the server no longer had this hold at release")
             raise LockLost(f"the {mode} lock's lease was lost before release ({hold.lost_reason}); "
                            "another owner may have held it meanwhile", group=self.group, name=self.name)
 
@@ -301,7 +274,7 @@ class Guard:
     def __init__(self, lock: Lock, mode: str, timeout: float | None) -> None:
         self._lock = lock
         self._mode = mode
-        self._timeout = _check_timeout(timeout)
+        self._timeout = options.timeout(timeout)
 
     def __enter__(self) -> Lock:
         self._lock._acquire(self._mode, self._timeout, True)
@@ -344,27 +317,21 @@ class Locks:
 
     def __init__(self, engine: Engine, group: str, *, fair: bool = True, lease: float = 30.0,
                  polling: Polling | None = None, timeout: float | None = None) -> None:
-        # Validate everything once by building a probe lock.
-        probe = Lock(engine, group, "probe", fair=fair, lease=lease, polling=polling, timeout=timeout)
-        self.engine = engine
-        self.group = probe.group
-        self.fair = fair
-        self.lease = probe.lease
-        self.polling = probe.polling
-        self.timeout = probe.timeout
+        self.engine, self.fair, self.lease, self.polling, self.timeout = \
+            _validated(engine, fair, lease, polling, timeout)
+        self.group = check_group(group)
 
     def __repr__(self) -> str:
         return f"<ylock.Locks {self.group}/* on {self.engine!r}>"
 
     def __getitem__(self, name: str) -> Lock:
-        return Lock(self.engine, self.group, name, fair=self.fair, lease=self.lease,
-                    polling=self.polling, timeout=self.timeout)
+        return Lock._checked(self.engine, self.group, name, self.fair, self.lease, self.polling, self.timeout)
 
     def lock(self, name: str, timeout: float | None = DEFAULT) -> None:
         """Acquire the write lock of ``name`` (see :meth:`Lock.lock`)."""
         self[name].lock(timeout)
 
-    def try_lock(self, name: str, timeout: float = 0.0) -> bool:
+    def try_lock(self, name: str, timeout: float | None = 0.0) -> bool:
         """Try the write lock of ``name`` (see :meth:`Lock.try_lock`)."""
         return self[name].try_lock(timeout)
 
@@ -376,7 +343,7 @@ class Locks:
         """Acquire the read lock of ``name``."""
         self[name].rlock(timeout)
 
-    def try_rlock(self, name: str, timeout: float = 0.0) -> bool:
+    def try_rlock(self, name: str, timeout: float | None = 0.0) -> bool:
         """Try the read lock of ``name``."""
         return self[name].try_rlock(timeout)
 
@@ -399,15 +366,3 @@ class Locks:
     def token(self, name: str) -> int | None:
         """Return this thread's fencing token for ``name``, or None."""
         return self[name].token
-
-
-def holds() -> list[Hold]:
-    """Return this process's live holds (for diagnostics)."""
-    return list(_holds.values())
-
-
-def _after_fork_in_child() -> None:
-    _holds.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -13,13 +13,17 @@ The dict has the shape of Django's ``YLOCK`` setting::
         "METRICS": {...},   # read by ylock.metrics, not here
     }
 
-Engines are built lazily, once per alias per registry (one registry per process and
-settings), so a forked worker builds its own. A lock name that is not in ``LOCKS`` gets
-the defaults: its group is its name, on the ``default`` engine.
+Each engine is built once per alias per registry (one registry per process and
+settings), so a forked worker builds its own; it connects on its own first use. Each
+lock's options are validated once and the :class:`~ylock.Lock` / :class:`~ylock.Locks`
+built from them are kept: asking for a named lock on every request costs a dict lookup.
+A lock name that is not in ``LOCKS`` gets the defaults: its group is its name, on the
+``default`` engine.
 
 :meth:`Registry.problems` lists everything wrong with the settings without connecting
 anywhere (Django turns each into a system check); :meth:`Registry.validate` raises the
-first as :class:`~ylock.ConfigurationError` (Flask does that in ``init_app``).
+first as :class:`~ylock.ConfigurationError` (Flask's ``init_app`` and Django's
+``ready()`` do that, so a bad setting stops the app at startup).
 """
 from __future__ import annotations
 
@@ -28,51 +32,45 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ylock import options as opt
+from ylock.engines import engine_class_for_url, engine_from_path, engine_from_url
 from ylock.engines.base import Engine
 from ylock.errors import ConfigurationError
-from ylock.keys import check_group, check_name
 from ylock.lock import Lock, Locks
-from ylock.urls import engine_class_for_url, engine_from_path, engine_from_url
+from ylock.names import check_group, check_name
 from ylock.waiting import Polling
 
 DEFAULT_ENGINE = "default"
-TOP_KEYS = {"ENGINES", "LOCKS", "METRICS", "DEFAULT_URL"}
-ENGINE_KEYS = {"URL", "ENGINE", "OPTIONS"}
+TOP_KEYS = {"ENGINES": None, "LOCKS": None, "METRICS": None, "DEFAULT_URL": None}
+ENGINE_KEYS = {"URL": None, "ENGINE": None, "OPTIONS": None}
 LOCK_DEFAULTS: dict[str, Any] = {"ENGINE": DEFAULT_ENGINE, "GROUP": None, "NAME": "global", "FAIR": True,
                                  "LEASE": 30.0, "TIMEOUT": None, "POLLING": None}
 POLLING_KEYS = {"INITIAL": "initial", "MAXIMUM": "maximum", "MULTIPLIER": "multiplier", "JITTER": "jitter"}
-# Kept for the Flask stand-in that predates this module.
-LOCK_KEYS = LOCK_DEFAULTS
 
 
 @dataclass(frozen=True)
-class Problem:
-    """One thing wrong with the settings: a stable id, what and where, and how to fix it."""
+class LockOptions:
+    """One named lock's validated options."""
 
-    id: str          # "E001"... (Django prefixes "django_ylock.")
-    message: str
-    hint: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.message} ({self.hint})" if self.hint else self.message
-
-
-# Stable ids (documented in the README's settings reference).
-E_SHAPE = "E001"          # YLOCK / ENGINES / LOCKS is not a dict, or has unknown keys
-E_ENGINE_URL = "E002"     # an engine URL is unparseable or its scheme unknown
-E_EXTRA = "E003"          # the package an engine needs is not installed
-E_UNKNOWN_ENGINE = "E004"  # a lock names an engine that ENGINES does not define
-E_LOCK_OPTION = "E005"    # a lock option has an invalid value
-E_ENGINE_PATH = "E006"    # an ENGINE dotted path cannot be imported
+    name: str                 # the name in LOCKS (or the name asked for)
+    engine: str               # engine alias
+    group: str
+    lock_name: str            # NAME: the single lock's name within its group
+    fair: bool
+    lease: float
+    timeout: float | None     # None: wait forever
+    timeout_set: bool         # TIMEOUT was given (the web plugins' default applies otherwise)
+    polling: Polling | None
 
 
 class Registry:
     """Engines and named locks from a ``YLOCK``-shaped dict (see module docstring)."""
 
-    def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, settings: Mapping[str, Any] | None = None, *, where: str = "YLOCK") -> None:
         settings = settings or {}
         if not isinstance(settings, Mapping):
-            raise ConfigurationError(f"ylock settings must be a dict, got {type(settings).__name__}")
+            raise ConfigurationError(f"{where} must be a dict, got {type(settings).__name__}")
+        self.where = where
         self.settings = settings
         engines = settings.get("ENGINES") or {}
         self.engines_settings: dict[str, Any] = dict(engines) if isinstance(engines, Mapping) else {}
@@ -81,193 +79,155 @@ class Registry:
         locks = settings.get("LOCKS") or {}
         self.locks_settings: dict[str, Any] = dict(locks) if isinstance(locks, Mapping) else {}
         self._engines: dict[str, Engine] = {}
-        self._mutex = threading.Lock()
+        self._options: dict[str, LockOptions] = {}
+        self._locks: dict[str, Lock] = {}
+        self._families: dict[str, Locks] = {}
+        self._mutex = threading.RLock()
 
     # -- validation -------------------------------------------------------------------
 
-    def problems(self) -> list[Problem]:
-        """Return every problem in the settings (nothing is imported but engine modules,
-        nothing connects)."""
-        found: list[Problem] = []
+    def problems(self, *, known: Mapping[str, Any] = TOP_KEYS) -> list[ConfigurationError]:
+        """Return every problem in the settings (``known``: the top-level keys the caller
+        reads). Nothing connects; engine modules are imported and engines built (cached)."""
+        found: list[ConfigurationError] = []
         s = self.settings
-        unknown = sorted(set(s) - TOP_KEYS)
-        if unknown:
-            found.append(Problem(E_SHAPE, f"unknown ylock setting key(s) {unknown}",
-                                 f"known keys: {sorted(TOP_KEYS)}"))
-        for key in ("ENGINES", "LOCKS"):
-            if s.get(key) is not None and not isinstance(s.get(key), Mapping):
-                found.append(Problem(E_SHAPE, f"ylock setting {key} must be a dict, got {type(s[key]).__name__}"))
-        for alias, conf in self.engines_settings.items():
-            found.extend(self._engine_problems(alias, conf))
-        for name, conf in self.locks_settings.items():
-            found.extend(self._lock_problems(name, conf))
+        for check in (lambda: opt.section(s, self.where, known),
+                      lambda: opt.mapping(s.get("ENGINES"), f"{self.where}['ENGINES']"),
+                      lambda: opt.mapping(s.get("LOCKS"), f"{self.where}['LOCKS']")):
+            try:
+                check()
+            except ConfigurationError as exc:
+                found.append(exc)
+        for alias in self.engines_settings:
+            try:
+                self.engine(alias)
+            except ConfigurationError as exc:
+                found.append(exc)
+        for name in self.locks_settings:
+            try:
+                self.lock_options(name)
+            except ConfigurationError as exc:
+                found.append(exc)
         return found
 
-    def validate(self) -> None:
+    def validate(self, *, known: Mapping[str, Any] = TOP_KEYS) -> None:
         """Raise :class:`ConfigurationError` for the first problem in the settings."""
-        problems = self.problems()
+        problems = self.problems(known=known)
         if problems:
-            raise ConfigurationError(str(problems[0]))
-
-    def _engine_problems(self, alias: str, conf: Any) -> list[Problem]:
-        where = f"ENGINES[{alias!r}]"
-        if not isinstance(conf, Mapping) or not ({"URL", "ENGINE"} & set(conf)):
-            return [Problem(E_SHAPE, f"{where} must be a dict with 'URL' or 'ENGINE', got {conf!r}",
-                            "e.g. {'URL': 'redis://127.0.0.1:6379/0'}")]
-        unknown = sorted(set(conf) - ENGINE_KEYS)
-        if unknown:
-            return [Problem(E_SHAPE, f"{where} has unknown keys {unknown}", f"known keys: {sorted(ENGINE_KEYS)}")]
-        if conf.get("OPTIONS") is not None and not isinstance(conf["OPTIONS"], Mapping):
-            return [Problem(E_SHAPE, f"{where}['OPTIONS'] must be a dict")]
-        if "ENGINE" in conf:
-            path = conf["ENGINE"]
-            module, _, attr = str(path).rpartition(".")
-            try:
-                import importlib
-
-                getattr(importlib.import_module(module), attr)
-            except (ImportError, AttributeError, ValueError) as exc:
-                return [Problem(E_ENGINE_PATH, f"{where}['ENGINE'] = {path!r} cannot be imported: {exc}",
-                                "give the dotted path of an Engine class, e.g. 'ylock.engines.redis.RedisEngine'")]
-            return []
-        url = conf["URL"]
-        try:
-            engine_class_for_url(url)
-        except ConfigurationError as exc:
-            ident = E_EXTRA if "extra" in str(exc) else E_ENGINE_URL
-            hint = "install the extra named above" if ident == E_EXTRA else \
-                "e.g. redis://host:6379/0, zookeeper://host:2181/chroot, local://"
-            return [Problem(ident, f"{where}['URL']: {exc}", hint)]
-        try:
-            self._build(alias, conf).check_options()   # parses the URL and options; does not connect
-        except (ConfigurationError, ValueError, TypeError) as exc:
-            return [Problem(E_ENGINE_URL, f"{where}: {exc}")]
-        return []
-
-    def _lock_problems(self, name: str, conf: Any) -> list[Problem]:
-        try:
-            self.lock_options(name)
-        except ConfigurationError as exc:
-            ident = E_UNKNOWN_ENGINE if "no engine" in str(exc) else E_LOCK_OPTION
-            return [Problem(ident, str(exc), f"engines defined: {sorted(self.engines_settings)}"
-                            if ident == E_UNKNOWN_ENGINE else "")]
-        return []
+            raise problems[0]
 
     # -- engines ------------------------------------------------------------------------
 
-    def _build(self, alias: str, conf: Mapping[str, Any]) -> Engine:
-        options = dict(conf.get("OPTIONS") or {})
-        if "ENGINE" in conf:
-            return engine_from_path(conf["ENGINE"], conf.get("URL"), **options)
-        return engine_from_url(conf["URL"], **options)
-
     def engine(self, alias: str = DEFAULT_ENGINE) -> Engine:
-        """Return engine ``alias``, built on first use (it connects on its own first use)."""
+        """Return engine ``alias``, built (and its options checked) on first use; it
+        connects on its own first use."""
         engine = self._engines.get(alias)
         if engine is None:
             with self._mutex:
                 engine = self._engines.get(alias)
                 if engine is None:
-                    conf = self.engines_settings.get(alias)
-                    if conf is None:
-                        raise ConfigurationError(f"no engine {alias!r} in ENGINES "
-                                                 f"(defined: {sorted(self.engines_settings)})")
-                    problems = self._engine_problems(alias, conf)
-                    if problems:
-                        raise ConfigurationError(str(problems[0]))
-                    engine = self._engines[alias] = self._build(alias, conf)
+                    engine = self._engines[alias] = self._build(alias)
+        return engine
+
+    def _build(self, alias: str) -> Engine:
+        where = f"{self.where}['ENGINES'][{alias!r}]"
+        conf = self.engines_settings.get(alias)
+        if conf is None:
+            raise ConfigurationError(f"no engine {alias!r} in ENGINES", code=opt.E_UNKNOWN_ENGINE,
+                                     hint=f"defined: {', '.join(map(repr, self.engines_settings)) or 'none'}")
+        if not isinstance(conf, Mapping) or not ({"URL", "ENGINE"} & set(conf)):
+            raise opt.fail(where, f"must be a dict with 'URL' or 'ENGINE', got {conf!r}", opt.E_SHAPE,
+                           "e.g. {'URL': 'redis://127.0.0.1:6379/0'}")
+        conf = opt.section(conf, where, ENGINE_KEYS)
+        options = opt.mapping(conf["OPTIONS"], f"{where}['OPTIONS']")
+        try:
+            if conf["ENGINE"] is not None:
+                engine = engine_from_path(conf["ENGINE"], conf["URL"], **options)
+            else:
+                engine_class_for_url(conf["URL"])
+                engine = engine_from_url(conf["URL"], **options)
+            engine.check_options()
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{where}: {exc.problem}", code=exc.code, hint=exc.hint) from exc
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"{where}: {exc}", code=opt.E_ENGINE_URL) from exc
         return engine
 
     def aliases(self) -> list[str]:
         """Return the engine aliases, in settings order."""
         return list(self.engines_settings)
 
-    def all_engines(self) -> list[Engine]:
-        """Return every configured engine (building those not built yet)."""
-        return [self.engine(alias) for alias in self.engines_settings]
-
     def close_all(self) -> None:
         """Close every engine built so far."""
         for engine in list(self._engines.values()):
             engine.close()
 
-    close = close_all
-
     # -- named locks ---------------------------------------------------------------------
 
-    def lock_options(self, name: str) -> dict[str, Any]:
-        """Return the validated options of lock ``name`` (defaults if it is not in LOCKS)."""
-        check_name(name)
-        conf = self.locks_settings.get(name, {})
-        where = f"LOCKS[{name!r}]"
-        if not isinstance(conf, Mapping):
-            raise ConfigurationError(f"{where} must be a dict, got {conf!r}")
-        unknown = sorted(set(conf) - set(LOCK_DEFAULTS))
-        if unknown:
-            raise ConfigurationError(f"{where} has unknown keys {unknown}; known: {sorted(LOCK_DEFAULTS)}")
-        out = {**LOCK_DEFAULTS, **conf}
-        out["GROUP"] = out["GROUP"] or name
-        if out["ENGINE"] not in self.engines_settings:
-            raise ConfigurationError(f"{where} names no engine {out['ENGINE']!r} in ENGINES")
+    def lock_options(self, name: str) -> LockOptions:
+        """Return the validated options of lock ``name`` (defaults if it is not in LOCKS);
+        validated once, then cached."""
+        found = self._options.get(name)
+        if found is None:
+            found = self._options[name] = self._lock_options(name)
+        return found
+
+    def _lock_options(self, name: str) -> LockOptions:
+        where = f"{self.where}['LOCKS'][{name!r}]"
         try:
-            check_group(out["GROUP"])
-            check_name(out["NAME"])
-            out["POLLING"] = _polling(out["POLLING"])
-            # Build a throwaway lock on a dummy engine to validate FAIR, LEASE and TIMEOUT.
-            Lock(_VALIDATOR, out["GROUP"], out["NAME"], fair=out["FAIR"], lease=out["LEASE"],
-                 timeout=out["TIMEOUT"], polling=out["POLLING"])
+            check_name(name)
         except ValueError as exc:
-            raise ConfigurationError(f"{where}: {exc}") from exc
-        return out
+            raise ConfigurationError(f"lock name {name!r} is invalid: {exc}", code=opt.E_LOCK_OPTION) from exc
+        raw = self.locks_settings.get(name, {})
+        conf = opt.section(raw, where, LOCK_DEFAULTS, code=opt.E_LOCK_OPTION)
+        if conf["ENGINE"] not in self.engines_settings:
+            raise ConfigurationError(f"{where} names no engine {conf['ENGINE']!r} in {self.where}['ENGINES']",
+                                     code=opt.E_UNKNOWN_ENGINE,
+                                     hint=f"defined: {', '.join(map(repr, self.engines_settings)) or 'none'}")
+        group = conf["GROUP"] or name
+        for key, check in (("GROUP", check_group), ("NAME", check_name)):
+            try:
+                check(conf[key] if key == "NAME" else group)
+            except ValueError as exc:
+                raise opt.fail(f"{where}['{key}']", f"is invalid: {exc}", opt.E_LOCK_OPTION) from exc
+        return LockOptions(
+            name=name, engine=conf["ENGINE"], group=group, lock_name=conf["NAME"],
+            fair=opt.boolean(conf["FAIR"], f"{where}['FAIR']"),
+            lease=opt.lease(conf["LEASE"], f"{where}['LEASE']"),
+            timeout=opt.timeout(conf["TIMEOUT"], f"{where}['TIMEOUT']"),
+            timeout_set=isinstance(raw, Mapping) and "TIMEOUT" in raw,
+            polling=polling(conf["POLLING"], f"{where}['POLLING']"))
 
     def lock(self, name: str) -> Lock:
-        """Return the named :class:`~ylock.Lock`."""
-        o = self.lock_options(name)
-        return Lock(self.engine(o["ENGINE"]), o["GROUP"], o["NAME"], fair=o["FAIR"], lease=o["LEASE"],
-                    timeout=o["TIMEOUT"], polling=o["POLLING"])
+        """Return the named :class:`~ylock.Lock` (built once)."""
+        lock = self._locks.get(name)
+        if lock is None:
+            o = self.lock_options(name)
+            lock = self._locks[name] = Lock(self.engine(o.engine), o.group, o.lock_name, fair=o.fair,
+                                            lease=o.lease, timeout=o.timeout, polling=o.polling)
+        return lock
 
     def locks(self, name: str) -> Locks:
-        """Return the named :class:`~ylock.Locks` family (its group is the lock's GROUP)."""
-        o = self.lock_options(name)
-        return Locks(self.engine(o["ENGINE"]), o["GROUP"], fair=o["FAIR"], lease=o["LEASE"],
-                     timeout=o["TIMEOUT"], polling=o["POLLING"])
+        """Return the named :class:`~ylock.Locks` family (its group is the lock's GROUP; built once)."""
+        family = self._families.get(name)
+        if family is None:
+            o = self.lock_options(name)
+            family = self._families[name] = Locks(self.engine(o.engine), o.group, fair=o.fair, lease=o.lease,
+                                                  timeout=o.timeout, polling=o.polling)
+        return family
 
 
-def _polling(value: Any) -> Polling | None:
+def polling(value: Any, where: str) -> Polling | None:
+    """Return the :class:`~ylock.Polling` that a POLLING setting describes (None: the default)."""
     if value is None or isinstance(value, Polling):
         return value
-    if not isinstance(value, Mapping):
-        raise ValueError(f"POLLING must be a dict like {{'INITIAL': 0.05, 'MAXIMUM': 0.5}}, got {value!r}")
-    unknown = sorted(set(value) - set(POLLING_KEYS) - {"CONSTANT"})
-    if unknown:
-        raise ValueError(f"POLLING has unknown keys {unknown}; known: {sorted(POLLING_KEYS) + ['CONSTANT']}")
+    conf = opt.section(value, where, {**dict.fromkeys(POLLING_KEYS), "CONSTANT": None}, code=opt.E_LOCK_OPTION)
+    given = {k: v for k, v in conf.items() if v is not None}
+    for key, number in given.items():
+        opt.number(number, f"{where}[{key!r}]", minimum=0)
     try:
-        if "CONSTANT" in value:
-            return Polling.constant(value["CONSTANT"])
-        return Polling(**{POLLING_KEYS[k]: v for k, v in value.items()})
-    except TypeError as exc:
-        raise ValueError(f"POLLING values must be numbers: {exc}") from exc
-
-
-class _Validator(Engine):
-    """Never used for locking: lets the registry validate lock options without an engine."""
-
-    scheme = "validator"
-
-    def acquire(self, request: Any) -> int | None:
-        raise NotImplementedError
-
-    def release(self, group: str, name: str, owner: str, mode: str) -> bool:
-        raise NotImplementedError
-
-    def renew(self, items: Any) -> list[bool | None]:
-        raise NotImplementedError
-
-    def describe(self, group: str | None = None) -> list[Any]:
-        return []
-
-    def force_release(self, group: str, name: str) -> bool:
-        return False
-
-
-_VALIDATOR = _Validator()
+        if "CONSTANT" in given:
+            return Polling.constant(given["CONSTANT"])
+        return Polling(**{POLLING_KEYS[k]: v for k, v in given.items()})
+    except ValueError as exc:
+        raise opt.fail(where, f"is invalid: {exc}", opt.E_LOCK_OPTION) from exc

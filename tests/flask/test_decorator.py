@@ -133,7 +133,7 @@ def test_the_key_defaults_to_the_session_user(make_app, gate: Gate) -> None:
 
     alice, bob = app.test_client(), app.test_client()
     first = alice.post("/profile").json["holders"]
-    assert len(first) == 1 and first[0].startswith("session:")
+    assert len(first) == 1 and first[0].startswith("session-")
     assert alice.post("/profile").json["holders"] == first          # same session, same lock
     assert bob.post("/profile").json["holders"] != first             # another session, another lock
 

@@ -105,7 +105,7 @@ def test_flask_login_users_are_locked_by_id(make_app, live, gate: Gate) -> None:
     assert gate.entered.wait(10)
     with app.app_context():
         users = ext.locks("users")
-        assert [(i.name, i.mode) for i in users.engine.describe(users.group)] == [("user:42", "write")]
+        assert [(i.name, i.mode) for i in users.engine.describe(users.group)] == [("user-42", "write")]
     assert server.request("GET", "/api/quick", {"X-User": "42"})[0] == 423   # any session of user 42
     assert server.request("GET", "/api/quick", {"X-User": "7"})[0] == 200
     gate.leave.set()

@@ -183,9 +183,9 @@ def test_force_release_is_seen_however_soon_it_comes(zookeeper_server, group):
 
 
 def test_bad_options_are_configuration_errors_that_name_them():
-    with pytest.raises(ylock.ConfigurationError, match="unknown ZooKeeper engine option bogus; known: "):
+    with pytest.raises(ylock.ConfigurationError, match=r"unknown ZooKeeper engine option bogus \(known: "):
         ylock.engine_from_url("zookeeper://127.0.0.1:2181/x", bogus=1)
-    with pytest.raises(ylock.ConfigurationError, match="unknown ZooKeeper URL option 'bogus'"):
+    with pytest.raises(ylock.ConfigurationError, match="unknown zookeeper URL option bogus"):
         ylock.engine_from_url("zookeeper://127.0.0.1:2181/x?bogus=1")
-    with pytest.raises(ylock.ConfigurationError, match="session_timeout must be a positive number"):
+    with pytest.raises(ylock.ConfigurationError, match="session_timeout must be a number of seconds"):
         ylock.engine_from_url("zookeeper://127.0.0.1:2181/x?session_timeout=-1")

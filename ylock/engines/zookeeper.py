@@ -47,7 +47,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -67,10 +67,12 @@ from kazoo.recipe.lock import ReadLock, WriteLock
 from kazoo.retry import KazooRetry, RetryFailedError
 
 from ylock import events
+from ylock import options as opt
 from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, LockInfo, RenewItem
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
+from ylock.holds import HOLDS
 
-logger = logging.getLogger("ylock.zookeeper")
+logger = logging.getLogger(__name__)
 
 _UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError,
                 KazooTimeoutError, RetryFailedError)
@@ -250,16 +252,19 @@ class ZooKeeperEngine(Engine):
         super().__init__()
         parts = urlsplit(url)
         if parts.scheme.lower() != "zookeeper":
-            raise ConfigurationError(f"not a ZooKeeper URL: {url!r}")
+            raise ConfigurationError(f"not a ZooKeeper URL: {url!r}", code=opt.E_ENGINE_URL)
         hosts = parts.netloc.rpartition("@")[2]
         if not hosts:
-            raise ConfigurationError(f"ZooKeeper URL names no host: {url!r}")
-        for option, value in (("session_timeout", session_timeout), ("connect_timeout", connect_timeout),
-                              ("idle", idle)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigurationError(f"ZooKeeper engine option {option} must be a positive number, got {value!r}")
+            raise ConfigurationError(f"ZooKeeper URL names no host: {url!r}", code=opt.E_ENGINE_URL)
+        where = "ZooKeeper engine option"
+        session_timeout = opt.seconds(session_timeout, f"{where} session_timeout", minimum=0.1, maximum=3600,
+                                      above=None, code=opt.E_ENGINE_URL)
+        connect_timeout = opt.seconds(connect_timeout, f"{where} connect_timeout", maximum=3600,
+                                      code=opt.E_ENGINE_URL)
+        idle = opt.seconds(idle, f"{where} idle", maximum=86400, code=opt.E_ENGINE_URL)
         if not isinstance(root, str) or not root.startswith("/") or root.endswith("/") or "//" in root:
-            raise ConfigurationError(f"ZooKeeper engine option root must be an absolute znode path, got {root!r}")
+            raise ConfigurationError(f"{where} root must be an absolute znode path, got {root!r}",
+                                     code=opt.E_ENGINE_URL)
         self.url = url
         self.hosts = hosts + (parts.path.rstrip("/") if parts.path not in ("", "/") else "")
         self.auth = (unquote(parts.username or ""), unquote(parts.password or "")) if parts.username else None
@@ -276,24 +281,18 @@ class ZooKeeperEngine(Engine):
         self._closed = threading.Event()
         self._connected = threading.Event()
 
+    url_options = {"session_timeout": float, "connect_timeout": float, "root": str, "idle": float}
+
     @classmethod
     def from_url(cls, url: str, **options: Any) -> ZooKeeperEngine:
-        """Build an engine from a URL; query parameters are engine options."""
-        parts = urlsplit(url)
-        converters: dict[str, Any] = {"session_timeout": float, "connect_timeout": float, "root": str, "idle": float}
-        mine: dict[str, Any] = {}
-        for key, raw in parse_qsl(parts.query):
-            if key not in converters:
-                raise ConfigurationError(f"unknown ZooKeeper URL option {key!r}; known: {sorted(converters)}")
-            try:
-                mine[key] = converters[key](raw)
-            except ValueError as exc:
-                raise ConfigurationError(f"ZooKeeper URL option {key}={raw!r} is invalid: {exc}") from exc
-        unknown = sorted(set(options) - set(converters))
+        """Build an engine from a URL; query parameters and keyword ``options`` are engine
+        options (see the module docstring)."""
+        unknown = sorted(set(options) - set(cls.url_options))
         if unknown:
             raise ConfigurationError(f"unknown ZooKeeper engine option{'s' if len(unknown) > 1 else ''} "
-                                     f"{', '.join(unknown)}; known: {sorted(converters)}")
-        return cls(url.split("?", 1)[0], **{**mine, **options})
+                                     f"{', '.join(unknown)}", code=opt.E_ENGINE_URL,
+                                     hint=f"known: {', '.join(sorted(cls.url_options))}")
+        return super().from_url(url, **options)  # type: ignore[return-value]
 
     def url_for_display(self) -> str:
         return f"zookeeper://{self.hosts}"
@@ -363,15 +362,10 @@ class ZooKeeperEngine(Engine):
                 self._recipes.clear()
             for hold in holds:
                 hold.lost = True
-            from ylock.watchdog import WATCHDOG
-
-            WATCHDOG.mark_lost(self, detail="ZooKeeper session lost (expired or closed)")
+            HOLDS.mark_lost(self, detail="ZooKeeper session lost (expired or closed)")
         elif state == KazooState.SUSPENDED:
-            from ylock.watchdog import WATCHDOG
-
-            for h in WATCHDOG.holds():
-                if h.engine is self:
-                    events.publish(events.SUSPENDED, h.group, h.name, self.scheme, None, owner=h.owner,
+            for h in HOLDS.holds(self):
+                events.publish(events.SUSPENDED, h.group, h.name, self.scheme, None, owner=h.owner,
                                    token=h.token, detail="ZooKeeper connection suspended")
 
     def ping(self) -> None:
@@ -504,9 +498,7 @@ class ZooKeeperEngine(Engine):
     def _node_gone(self, key: tuple[str, str, str, str], hold: _Hold) -> None:
         if self._holds.get(key) is hold and not hold.lost:
             hold.lost = True
-            from ylock.watchdog import WATCHDOG
-
-            WATCHDOG.mark_lost(self, key[0], key[1], key[2], detail="its lock node was deleted")
+            HOLDS.mark_lost(self, key[0], key[1], key[2], detail="its lock node was deleted")
 
     def _keep_recipe(self, key: tuple[str, str, str, str], recipe: Any, proxy: _RecordingClient) -> None:
         with self._mutex:

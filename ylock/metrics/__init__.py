@@ -27,11 +27,13 @@ already running instead of starting a second writer.
 """
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from ylock import events
+from ylock import options as opt
 from ylock.errors import ConfigurationError
 from ylock.metrics.aggregator import Aggregator
 from ylock.metrics.background import Shipper, live_shippers
@@ -87,12 +89,6 @@ class Metrics:
         return f"<ylock.metrics.Metrics {self.subscribers}>"
 
 
-def _check_list_of_str(value: Any, setting: str) -> list[str]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ConfigurationError(f"{setting} must be a list of strings, got {value!r}")
-    return list(value)
-
-
 def validate(config: Mapping[str, Any] | None, *, setting: str = "METRICS",
              environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Return the full settings (defaults filled in); raise ConfigurationError naming the bad key.
@@ -102,57 +98,43 @@ def validate(config: Mapping[str, Any] | None, *, setting: str = "METRICS",
     """
     from ylock.metrics import custom, influxdb
 
-    if config is None:
-        config = {}
-    if not isinstance(config, Mapping):
-        raise ConfigurationError(f"{setting} must be a dict, got {config!r}")
-    unknown = sorted(set(config) - set(KEYS))
-    if unknown:
-        raise ConfigurationError(f"{setting} has unknown keys {unknown}; known: {sorted(KEYS)}")
-    out = {**KEYS, **config}
+    code = opt.E_METRICS
+    out = opt.section(config, setting, KEYS, code=code)
     for key in ("STATS", "TAG_NAMES"):
-        if not isinstance(out[key], bool):
-            raise ConfigurationError(f"{setting}[{key!r}] must be True or False, got {out[key]!r}")
-    out["UNTAGGED_GROUPS"] = _check_list_of_str(out["UNTAGGED_GROUPS"], f"{setting}['UNTAGGED_GROUPS']")
-    out["EXPORTERS"] = _check_list_of_str(out["EXPORTERS"], f"{setting}['EXPORTERS']")
+        opt.boolean(out[key], f"{setting}[{key!r}]", code=code)
+    for key in ("UNTAGGED_GROUPS", "EXPORTERS"):
+        out[key] = opt.strings(out[key], f"{setting}[{key!r}]", code=code)
     for path in out["EXPORTERS"]:
         custom.import_callable(path, f"{setting}['EXPORTERS']")
     if out["INFLUXDB"] not in (None, False):
-        try:
-            import influxdb_client  # noqa: F401
-        except ImportError as exc:
-            raise ConfigurationError(f"{setting}['INFLUXDB'] needs influxdb-client "
-                                     "(pip install 'ylock[influxdb]')") from exc
+        _require("influxdb_client", f"{setting}['INFLUXDB']", "influxdb")
         out["INFLUXDB"] = influxdb.settings_from(out["INFLUXDB"], environ, f"{setting}['INFLUXDB']")
     else:
         out["INFLUXDB"] = None
     prom = out["PROMETHEUS"]
     if prom not in (None, False):
-        if prom is True:
-            prom = {}
-        if not isinstance(prom, Mapping):
-            raise ConfigurationError(f"{setting}['PROMETHEUS'] must be True or a dict, got {prom!r}")
-        unknown = sorted(set(prom) - set(PROMETHEUS_KEYS))
-        if unknown:
-            raise ConfigurationError(f"{setting}['PROMETHEUS'] has unknown keys {unknown}; "
-                                     f"known: {sorted(PROMETHEUS_KEYS)}")
-        prom = {**PROMETHEUS_KEYS, **prom}
-        if prom["REGISTRY"] not in ("own", "default"):
-            raise ConfigurationError(f"{setting}['PROMETHEUS']['REGISTRY'] must be 'own' or 'default', "
-                                     f"got {prom['REGISTRY']!r}")
+        where = f"{setting}['PROMETHEUS']"
+        if prom is not True and not isinstance(prom, Mapping):
+            raise opt.fail(where, f"must be True or a dict, got {prom!r}", code)
+        prom = opt.section(None if prom is True else prom, where, PROMETHEUS_KEYS, code=code)
+        opt.choice(prom["REGISTRY"], f"{where}['REGISTRY']", ("own", "default"), code=code)
         if prom["PATH"] is not None and (not isinstance(prom["PATH"], str) or not prom["PATH"].startswith("/")):
-            raise ConfigurationError(f"{setting}['PROMETHEUS']['PATH'] must be a URL path like '/metrics'")
+            raise opt.fail(f"{where}['PATH']", f"must be a URL path like '/metrics', got {prom['PATH']!r}", code)
         if not isinstance(prom["NAMESPACE"], str) or not prom["NAMESPACE"].isidentifier():
-            raise ConfigurationError(f"{setting}['PROMETHEUS']['NAMESPACE'] must be an identifier")
-        try:
-            import prometheus_client  # noqa: F401
-        except ImportError as exc:
-            raise ConfigurationError(f"{setting}['PROMETHEUS'] needs prometheus-client "
-                                     "(pip install 'ylock[prometheus]')") from exc
+            raise opt.fail(f"{where}['NAMESPACE']", f"must be an identifier, got {prom['NAMESPACE']!r}", code)
+        _require("prometheus_client", where, "prometheus")
         out["PROMETHEUS"] = prom
     else:
         out["PROMETHEUS"] = None
     return out
+
+
+def _require(module: str, where: str, extra: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigurationError(f"{where} needs {module.replace('_', '-')} (pip install 'ylock[{extra}]')",
+                                 code=opt.E_EXTRA) from exc
 
 
 def configure(config: Mapping[str, Any] | None, *, setting: str = "METRICS",

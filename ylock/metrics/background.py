@@ -25,6 +25,7 @@ import time
 import weakref
 from typing import Any
 
+from ylock import options as opt
 from ylock.events import Event
 
 logger = logging.getLogger("ylock.metrics")
@@ -42,15 +43,9 @@ class Shipper:
     kind = "shipper"
 
     def __init__(self, *, buffer_size: int = 10_000, batch_size: int = 500, flush_interval: float = 1.0) -> None:
-        if not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(f"buffer_size must be a positive int, got {buffer_size!r}")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if not isinstance(flush_interval, (int, float)) or not flush_interval > 0:
-            raise ValueError(f"flush_interval must be a positive number of seconds, got {flush_interval!r}")
-        self.buffer_size = buffer_size
-        self.batch_size = batch_size
-        self.flush_interval = float(flush_interval)
+        self.buffer_size = opt.number(buffer_size, "buffer_size", minimum=1, integer=True, code=opt.E_METRICS)
+        self.batch_size = opt.number(batch_size, "batch_size", minimum=1, integer=True, code=opt.E_METRICS)
+        self.flush_interval = opt.seconds(flush_interval, "flush_interval", maximum=3600, code=opt.E_METRICS)
         self._start_mutex = threading.Lock()
         self._reset()
         _live.add(self)

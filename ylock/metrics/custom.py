@@ -7,11 +7,10 @@ counts events; it never delays or fails a lock call.
 """
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable, Sequence
 
-from ylock.errors import ConfigurationError
+from ylock import options as opt
 from ylock.events import Event
 from ylock.metrics.background import Shipper
 
@@ -20,16 +19,8 @@ logger = logging.getLogger("ylock.metrics")
 
 def import_callable(path: str, setting: str = "METRICS['EXPORTERS']") -> Callable[[Event], object]:
     """Import ``"package.module.attribute"`` and return it; raise ConfigurationError if that fails."""
-    if not isinstance(path, str) or "." not in path:
-        raise ConfigurationError(f"{setting}: {path!r} is not a dotted path like 'myapp.metrics.export'")
-    module_name, _, attr = path.rpartition(".")
-    try:
-        target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"{setting}: cannot import {path!r}: {exc}") from exc
-    if not callable(target):
-        raise ConfigurationError(f"{setting}: {path!r} is not callable")
-    return target  # type: ignore[no-any-return]
+    return opt.importable(opt.text(path, setting, code=opt.E_METRICS), setting,  # type: ignore[no-any-return]
+                          code=opt.E_METRICS, call=True)
 
 
 class CallbackExporter(Shipper):

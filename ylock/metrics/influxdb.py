@@ -25,7 +25,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ylock.errors import ConfigurationError
+from ylock import options as opt
 from ylock.events import Event
 from ylock.metrics.background import Shipper
 from ylock.metrics.tags import Tagging
@@ -48,13 +48,12 @@ def settings_from(config: Mapping[str, Any] | bool | None, environ: Mapping[str,
     Raise :class:`ylock.ConfigurationError` naming the setting that is wrong.
     """
     environ = os.environ if environ is None else environ
-    if config is True or config is None:
+    code = opt.E_METRICS
+    if config is not True and config is not None and not isinstance(config, Mapping):
+        raise opt.fail(setting, f"must be a dict (or True to read INFLUXDB_* variables), got {config!r}", code)
+    if config is None or config is True:
         config = {}
-    if not isinstance(config, Mapping):
-        raise ConfigurationError(f"{setting} must be a dict (or True to read INFLUXDB_* variables), got {config!r}")
-    unknown = sorted(set(config) - set(DEFAULTS))
-    if unknown:
-        raise ConfigurationError(f"{setting} has unknown keys {unknown}; known: {sorted(DEFAULTS)}")
+    opt.section(config, setting, DEFAULTS, code=code)      # a dict of known keys
     out = dict(DEFAULTS)
     for key, var in ENVIRON.items():
         if environ.get(var):
@@ -62,26 +61,20 @@ def settings_from(config: Mapping[str, Any] | bool | None, environ: Mapping[str,
     out.update({k: v for k, v in config.items() if v is not None})
     url = out["URL"]
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ConfigurationError(f"{setting}['URL'] (or $INFLUXDB_URL) must be an http(s):// URL, got {url!r}")
+        raise opt.fail(f"{setting}['URL'] (or $INFLUXDB_URL)", f"must be an http(s):// URL, got {url!r}", code)
     for key in ("ORG", "BUCKET"):
-        if not isinstance(out[key], str) or not out[key]:
-            raise ConfigurationError(f"{setting}[{key!r}] (or ${ENVIRON[key]}) must be a non-empty string, "
-                                     f"got {out[key]!r}")
-    if out["TOKEN"] is not None and not isinstance(out["TOKEN"], str):
-        raise ConfigurationError(f"{setting}['TOKEN'] must be a string")
-    if not isinstance(out["MEASUREMENT"], str) or not out["MEASUREMENT"]:
-        raise ConfigurationError(f"{setting}['MEASUREMENT'] must be a non-empty string")
+        opt.text(out[key], f"{setting}[{key!r}] (or ${ENVIRON[key]})", code=code)
+    if out["TOKEN"] is not None:
+        opt.text(out["TOKEN"], f"{setting}['TOKEN']", code=code, empty=True)
+    opt.text(out["MEASUREMENT"], f"{setting}['MEASUREMENT']", code=code)
     tags = out["TAGS"]
     if not isinstance(tags, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
-        raise ConfigurationError(f"{setting}['TAGS'] must be a dict of str to str, got {tags!r}")
+        raise opt.fail(f"{setting}['TAGS']", f"must be a dict of str to str, got {tags!r}", code)
     for key in ("BUFFER_SIZE", "BATCH_SIZE"):
-        if isinstance(out[key], bool) or not isinstance(out[key], int) or out[key] < 1:
-            raise ConfigurationError(f"{setting}[{key!r}] must be a positive int, got {out[key]!r}")
-    if isinstance(out["RETRIES"], bool) or not isinstance(out["RETRIES"], int) or out["RETRIES"] < 0:
-        raise ConfigurationError(f"{setting}['RETRIES'] must be an int >= 0, got {out['RETRIES']!r}")
+        opt.number(out[key], f"{setting}[{key!r}]", minimum=1, integer=True, code=code)
+    opt.number(out["RETRIES"], f"{setting}['RETRIES']", minimum=0, maximum=100, integer=True, code=code)
     for key in ("FLUSH_INTERVAL", "TIMEOUT"):
-        if isinstance(out[key], bool) or not isinstance(out[key], (int, float)) or not out[key] > 0:
-            raise ConfigurationError(f"{setting}[{key!r}] must be a positive number of seconds, got {out[key]!r}")
+        opt.seconds(out[key], f"{setting}[{key!r}]", maximum=3600, code=code)
     return out
 
 

@@ -1,4 +1,11 @@
-"""Validation of lock groups and names: one rule set that every engine can store."""
+"""Valid lock groups and names: one rule set that every engine can store.
+
+A name travels into Redis keys, ZooKeeper znode paths, PostgreSQL rows, log lines and
+``ylock list`` tables, and it often comes from user input (a URL value, a user id). So a
+bad one is refused where it is made, with a ``ValueError`` that says which argument and
+why, before it can reach a driver: one unencodable character must never take down a
+connection that every other lock of the process shares.
+"""
 from __future__ import annotations
 
 import re
@@ -6,10 +13,12 @@ import re
 MAX_GROUP_LENGTH = 64
 MAX_NAME_LENGTH = 200
 
-# "/" separates ZooKeeper path segments; "{" and "}" would break a Redis Cluster hash
-# tag; control characters are unprintable in ``ylock list``. ":" separates group from
-# name inside Redis keys, so only the group must avoid it (the name comes last).
-_FORBIDDEN = re.compile(r"[/{}\x00-\x1f\x7f]")
+# "/" separates ZooKeeper path segments; "{" and "}" would break a Redis Cluster hash tag.
+# Refused as well: control characters (C0, DEL and C1: unprintable in `ylock list`, and
+# ZooKeeper refuses most of them), lone surrogates (no UTF-8 form: redis-py raises
+# UnicodeEncodeError and kazoo's connection thread dies on them), and the code points that
+# ZooKeeper refuses in paths (U+E000-U+F8FF, U+FFF0-U+FFFF).
+_FORBIDDEN = re.compile("[/{}\x00-\x1f\x7f-\x9f\ud800-\udfff\ue000-\uf8ff\ufff0-\uffff]")
 
 
 def _check(kind: str, value: object, max_length: int) -> str:
@@ -22,8 +31,8 @@ def _check(kind: str, value: object, max_length: int) -> str:
                          f"{value[:40]!r}...")
     bad = _FORBIDDEN.search(value)
     if bad:
-        raise ValueError(f"lock {kind} {value!r} contains {bad.group()!r}; "
-                         "'/', '{', '}' and control characters are not allowed")
+        raise ValueError(f"lock {kind} {value!r} contains {bad.group()!r}; '/', '{{', '}}', control characters, "
+                         "surrogates and private-use characters are not allowed")
     if value in (".", ".."):
         raise ValueError(f"lock {kind} must not be {value!r}")
     return value

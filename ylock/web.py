@@ -1,0 +1,292 @@
+"""Locking around web requests, framework-free: the one behaviour behind Django's and
+Flask's ``@locked`` views and per-user locks. The plugins only translate their request
+objects and settings into these calls, so both answer the same requests the same way.
+
+- **Which lock.** ``key`` picks one lock of a named family per request: a URL value
+  (escaped into a valid lock name: ``/`` and the like never reach a server, and a value
+  too long is hashed), the result of a callable, the current user (``user-<id>``), or an
+  anonymous visitor's session, as a keyed hash of it (``session-<hmac>``): a session key
+  must never sit in server keys, ``ylock list`` output, logs or 423 bodies, where anyone
+  who reads them could hijack the session.
+- **How long.** A request waits for its lock up to the decorator's ``timeout``, else the
+  lock's ``TIMEOUT`` setting, else :data:`DEFAULT_TIMEOUT` seconds: a web worker must
+  not wait forever unless told to (``timeout=None``).
+- **The answers.** A lock that cannot be had in time answers 423 Locked (configurable)
+  with ``Retry-After`` and a JSON body; an unreachable engine answers 503 with a body
+  that does not disclose the engine's address (that goes to the log).
+- **The quiet release.** Once the view has run, a lost lease or an unreachable engine at
+  release is logged, not turned into an error page: the view's answer stands.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+from urllib.parse import quote
+
+from ylock import options as opt
+from ylock.engines.base import READ, WRITE
+from ylock.errors import EngineUnavailable, LockLost, LockTimeout
+from ylock.lock import DEFAULT, Lock
+from ylock.names import MAX_NAME_LENGTH, check_group, check_name
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a request waits for its lock when neither the view nor the lock's settings say.
+DEFAULT_TIMEOUT = 5.0
+#: Methods that take the read lock under the per-user lock.
+READ_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
+#: Retry-After of a 503 answer.
+UNAVAILABLE_RETRY = 5
+#: Reason phrases, as both plugins send them (Werkzeug would write "423 LOCKED").
+REASONS = {423: "Locked", 429: "Too Many Requests", 503: "Service Unavailable"}
+
+#: The plugin settings shared by Django (``YLOCK[KEY]``) and Flask (``YLOCK_KEY``), with defaults.
+SETTINGS: dict[str, Any] = {
+    "USER_LOCK": None,       # per-user lock around requests: True or a dict (USER_LOCK_DEFAULTS)
+    "LOCKED_STATUS": 423,    # status of the answer when a request cannot get its lock in time
+    "RETRY_AFTER": None,     # Retry-After seconds on that answer (default: the timeout, at least 1)
+    "ON_LOCKED": None,       # callable(request, exc) (or its dotted path) answering instead
+}
+USER_LOCK_DEFAULTS: dict[str, Any] = {
+    "LOCK": "users",         # the named Locks family; one lock per user
+    "PATHS": ["/"],          # URL path prefixes that take the lock
+    "EXCLUDE": [],           # prefixes that do not (checked first)
+    "TIMEOUT": DEFAULT_TIMEOUT,
+    "ANONYMOUS": "session",  # "session": key anonymous visitors by session; "skip": no lock
+    "READ_METHODS": list(READ_METHODS),
+}
+
+
+# -- settings ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UserLock:
+    """Validated per-user lock settings."""
+
+    lock: str
+    paths: tuple[str, ...]
+    exclude: tuple[str, ...]
+    timeout: float | None
+    anonymous: str
+    read_methods: frozenset[str]
+
+    def covers(self, path: str) -> bool:
+        """Return True if a request for ``path`` takes the user's lock."""
+        return not path.startswith(self.exclude) and path.startswith(self.paths)
+
+    def mode(self, method: str) -> str:
+        return READ if method in self.read_methods else WRITE
+
+
+@dataclass(frozen=True)
+class WebSettings:
+    """The validated plugin settings of one Django project or Flask app."""
+
+    user_lock: UserLock | None = None
+    locked_status: int = 423
+    retry_after: int | None = None
+    on_locked: Callable[..., Any] | None = None
+
+
+def web_settings(values: Mapping[str, Any], where: Callable[[str], str]) -> WebSettings:
+    """Validate the plugin settings ``values`` (keys of :data:`SETTINGS`; missing ones take
+    their default); ``where(key)`` names a key as the user wrote it (``YLOCK['USER_LOCK']``
+    or ``YLOCK_USER_LOCK``). Raise ConfigurationError naming the first bad one."""
+    s = {**SETTINGS, **{k: v for k, v in values.items() if v is not None}}
+    status = opt.number(s["LOCKED_STATUS"], where("LOCKED_STATUS"), minimum=400, maximum=599, integer=True,
+                        code=opt.E_RESPONSE)
+    retry = s["RETRY_AFTER"]
+    if retry is not None:
+        retry = opt.number(retry, where("RETRY_AFTER"), minimum=0, maximum=86400, integer=True, code=opt.E_RESPONSE)
+    on_locked = s["ON_LOCKED"]
+    if on_locked is not None:
+        on_locked = opt.importable(on_locked, where("ON_LOCKED"), code=opt.E_RESPONSE, call=True)
+    return WebSettings(user_lock=user_lock_settings(s["USER_LOCK"], where("USER_LOCK")), locked_status=status,
+                       retry_after=retry, on_locked=on_locked)
+
+
+def user_lock_settings(value: Any, where: str) -> UserLock | None:
+    """Validate a USER_LOCK setting (None or False: off; True: the defaults)."""
+    if value is None or value is False:
+        return None
+    conf = opt.section({} if value is True else value, where, USER_LOCK_DEFAULTS, code=opt.E_USER_LOCK)
+    check = f"{where}['%s']"
+    lock = opt.text(conf["LOCK"], check % "LOCK", code=opt.E_USER_LOCK)
+    try:
+        check_name(lock)
+    except ValueError as exc:
+        raise opt.fail(check % "LOCK", f"is invalid: {exc}", opt.E_USER_LOCK) from exc
+    return UserLock(
+        lock=lock,
+        paths=tuple(opt.strings(conf["PATHS"], check % "PATHS", code=opt.E_USER_LOCK, prefix="/")),
+        exclude=tuple(opt.strings(conf["EXCLUDE"], check % "EXCLUDE", code=opt.E_USER_LOCK, prefix="/")),
+        timeout=opt.timeout(conf["TIMEOUT"], check % "TIMEOUT", code=opt.E_USER_LOCK),
+        anonymous=opt.choice(conf["ANONYMOUS"], check % "ANONYMOUS", ("session", "skip"), code=opt.E_USER_LOCK),
+        read_methods=frozenset(m.upper() for m in opt.strings(conf["READ_METHODS"], check % "READ_METHODS",
+                                                               code=opt.E_USER_LOCK)))
+
+
+# -- lock names ---------------------------------------------------------------------------------
+
+
+def key_name(value: object) -> str:
+    """Turn a key value (a URL value, a user id) into a valid lock name: characters a name
+    may not hold are percent-escaped, and a value too long is replaced by its hash."""
+    name = quote(str(value), safe=" !$&'()*+,;=:@~")
+    if len(name) > MAX_NAME_LENGTH:
+        name = "sha256-" + hashlib.sha256(name.encode()).hexdigest()
+    return check_name(name)
+
+
+def user_name(user_id: object) -> str:
+    """The lock name of an authenticated user."""
+    return key_name(f"user-{user_id}")
+
+
+def session_name(session_id: str, secret: str | bytes) -> str:
+    """The lock name of an anonymous visitor's session: a keyed hash of its id, so that the
+    id (a credential) never appears where lock names are shown or stored."""
+    key = secret.encode() if isinstance(secret, str) else secret
+    digest = hmac.new(key, b"ylock-session:" + session_id.encode(), hashlib.sha256).hexdigest()
+    return f"session-{digest[:32]}"
+
+
+# -- the answers ---------------------------------------------------------------------------------
+
+
+class Refusal(NamedTuple):
+    """An answer instead of the view: status, reason phrase, JSON body, headers."""
+
+    status: int
+    reason: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+def busy(lock: Lock, mode: str, retry_after: int, status: int = 423) -> Refusal:
+    """The answer to a request whose lock is busy (423 Locked unless configured)."""
+    body = {"error": "locked", "lock": f"{lock.group}/{lock.name}", "retry_after": retry_after,
+            "detail": f"the {mode} lock {lock.group}/{lock.name} is busy; retry later"}
+    return Refusal(status, REASONS.get(status, "Locked"), body, {"Retry-After": str(retry_after)})
+
+
+def unavailable(lock: Lock, exc: Exception) -> Refusal:
+    """The answer to a request whose lock's engine cannot be reached (503); the engine's
+    address and the error go to the log, not to the client."""
+    logger.error("ylock: engine unavailable for %s/%s: %s", lock.group, lock.name, exc)
+    body = {"error": "lock engine unavailable", "lock": f"{lock.group}/{lock.name}",
+            "retry_after": UNAVAILABLE_RETRY, "detail": "the lock service is unavailable; retry later"}
+    return Refusal(503, REASONS[503], body, {"Retry-After": str(UNAVAILABLE_RETRY)})
+
+
+def retry_after(timeout: float | None, configured: int | None) -> int:
+    """Retry-After seconds: the configured value, else the timeout rounded up (at least 1)."""
+    if configured is not None:
+        return configured
+    return max(1, math.ceil(timeout or 1))
+
+
+# -- holding ----------------------------------------------------------------------------------
+
+
+class LockedView:
+    """What ``@locked(name, key=..., mode=..., timeout=...)`` asks for, validated once when
+    the decorator is applied; :meth:`lock_for` picks the request's lock and
+    :meth:`timeout_for` its wait. A name that can never be a lock fails here, not per request."""
+
+    def __init__(self, name: str, *, key: Any = None, mode: Any = WRITE, timeout: Any = DEFAULT,
+                 status: int | None = None, retry_after: int | None = None, anonymous: str = "session") -> None:
+        try:
+            self.name = check_name(name)
+        except ValueError as exc:
+            raise opt.fail("@locked name", f"{name!r} is not a valid lock name: {exc}", opt.E_LOCK_OPTION) from exc
+        if not callable(mode):
+            opt.choice(mode, "@locked mode", (READ, WRITE))
+        if not (key is None or key is False or isinstance(key, str) or callable(key)):
+            raise opt.fail("@locked key", f"must be a URL argument name, a callable, None (the user) or False "
+                           f"(the named lock itself), got {key!r}", opt.E_LOCK_OPTION)
+        self.key = key
+        self.mode = mode
+        self.timeout = timeout if timeout is DEFAULT else opt.timeout(timeout, "@locked timeout")
+        self.status = None if status is None else opt.number(status, "@locked status", minimum=400, maximum=599,
+                                                              integer=True)
+        self.retry_after = None if retry_after is None else opt.number(retry_after, "@locked retry_after",
+                                                                       minimum=0, integer=True)
+        self.anonymous = opt.choice(anonymous, "@locked anonymous", ("session", "skip"))
+
+    def key_value(self, kwargs: Mapping[str, Any], call: Callable[[], object], user: Callable[[], str | None]) -> \
+            str | None:
+        """Return the name of the request's lock in the family, None for no lock (an anonymous
+        visitor when skipped), or ``""`` for the named lock itself (``key=False``).
+        ``kwargs``: the view's URL arguments; ``call()`` runs a callable key; ``user()``
+        returns the user's or session's lock name."""
+        if self.key is False:
+            return ""
+        if self.key is None:
+            return user()
+        if isinstance(self.key, str):
+            if self.key not in kwargs:
+                raise opt.fail(f"@locked({self.name!r}, key={self.key!r}):", f"the view got no URL argument "
+                               f"{self.key!r} (it got {sorted(kwargs)})", opt.E_LOCK_OPTION)
+            return key_name(kwargs[self.key])
+        value = call()
+        return None if value is None else key_name(value)
+
+    def mode_for(self, request: object) -> str:
+        mode = self.mode(request) if callable(self.mode) else self.mode
+        return str(opt.choice(mode, "@locked mode callable's result", (READ, WRITE)))
+
+    def timeout_for(self, registry: Any) -> float | None:
+        """The wait: the decorator's timeout, else the lock's TIMEOUT setting, else the default."""
+        if self.timeout is not DEFAULT:
+            return self.timeout
+        options = registry.lock_options(self.name)
+        return options.timeout if options.timeout_set else DEFAULT_TIMEOUT
+
+
+def check_family_name(name: str) -> None:
+    """Raise ConfigurationError unless ``name`` can be a lock family whose group defaults to it."""
+    try:
+        check_group(name)
+    except ValueError as exc:
+        raise opt.fail("lock name", f"{name!r} cannot be a lock group ({exc}); give it a GROUP in the LOCKS "
+                       "setting", opt.E_LOCK_OPTION) from exc
+
+
+def acquire(lock: Lock, mode: str, timeout: float | None) -> bool:
+    """Acquire ``lock`` in ``mode`` within ``timeout``; return False on a timeout. An
+    unreachable engine raises :class:`~ylock.EngineUnavailable`."""
+    return lock.try_lock(timeout) if mode == WRITE else lock.try_rlock(timeout)
+
+
+def enter(lock: Lock, mode: str, timeout: float | None, settings: WebSettings, *, retry: int | None = None,
+          status: int | None = None, custom: bool = False) -> Refusal | LockTimeout | None:
+    """Acquire for a request; return None (go on) or the Refusal to answer (busy: 423 or
+    ``status``; unreachable engine: 503). With ``custom`` (an ON_LOCKED handler answers
+    instead), a busy lock returns the LockTimeout for the handler."""
+    try:
+        if acquire(lock, mode, timeout):
+            return None
+    except EngineUnavailable as exc:
+        return unavailable(lock, exc)
+    if custom:
+        return LockTimeout(f"could not acquire the {mode} lock within {timeout} s", group=lock.group, name=lock.name)
+    return busy(lock, mode, retry_after(timeout, retry if retry is not None else settings.retry_after),
+                status or settings.locked_status)
+
+
+def leave(lock: Lock, mode: str) -> None:
+    """Release a request's lock; a lost lease or an unreachable engine is logged, never
+    raised (the view has run; its answer stands)."""
+    try:
+        lock.unlock() if mode == WRITE else lock.runlock()
+    except LockLost as exc:
+        logger.error("ylock: %s", exc)
+    except EngineUnavailable as exc:
+        logger.error("ylock: could not release %s/%s (its lease will expire): %s", lock.group, lock.name, exc)
