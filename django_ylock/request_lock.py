@@ -38,7 +38,8 @@ def request_owner(request: HttpRequest) -> str:
 
 def user_key(request: HttpRequest, anonymous: str = "session") -> str | None:
     """Return the lock name of the request's user: ``user-<pk>`` when authenticated, else a
-    keyed hash of the session key (the session is created if needed), else None (no lock)
+    keyed hash of a random id kept in the visitor's session (not the session key: with
+    signed-cookie sessions two new visitors can have the same one), else None (no lock)
     when ``anonymous`` is "skip" or there is no session."""
     user = getattr(request, "user", None)
     if user is not None and getattr(user, "is_authenticated", False):
@@ -48,9 +49,10 @@ def user_key(request: HttpRequest, anonymous: str = "session") -> str | None:
     session = getattr(request, "session", None)
     if session is None:
         return None
-    if not session.session_key:
-        session.save()
-    return web.session_name(session.session_key, settings.SECRET_KEY)
+    visitor = session.get(web.SESSION_KEY)
+    if visitor is None:
+        visitor = session[web.SESSION_KEY] = web.new_visitor_id()
+    return web.session_name(visitor, settings.SECRET_KEY)
 
 
 def answer(refusal: web.Refusal) -> HttpResponse:

@@ -25,6 +25,8 @@ lock_renewed = Signal()
 waiter_evicted = Signal()
 #: A ZooKeeper session was suspended: holds are at risk until it reconnects.
 engine_suspended = Signal()
+#: The ZooKeeper connection came back with its session: the holds it carries are safe again.
+engine_reconnected = Signal()
 
 BY_KIND = {
     events.ACQUIRED: lock_acquired,
@@ -34,6 +36,7 @@ BY_KIND = {
     events.RENEWED: lock_renewed,
     events.WAITER_EVICTED: waiter_evicted,
     events.SUSPENDED: engine_suspended,
+    events.RECONNECTED: engine_reconnected,
 }
 
 

@@ -16,7 +16,6 @@ import functools
 import inspect
 import json
 import logging
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -216,10 +215,10 @@ def current_user_key(anonymous: str = "session") -> str | None:
     secret = current_app.secret_key
     if not secret:
         return web.key_name(f"addr-{request.remote_addr}")
-    sid = session.get("_ylock_id")
-    if sid is None:
-        sid = session["_ylock_id"] = uuid.uuid4().hex
-    return web.session_name(sid, secret)
+    visitor = session.get(web.SESSION_KEY)
+    if visitor is None:
+        visitor = session[web.SESSION_KEY] = web.new_visitor_id()
+    return web.session_name(visitor, secret)
 
 
 def _target(spec: web.LockedView, view_kwargs: dict[str, Any]) -> tuple[ylock.Lock | None, str, float | None]:

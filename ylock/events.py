@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-logger = logging.getLogger("ylock.events")
+logger = logging.getLogger(__name__)
 
 ACQUIRED = "acquired"
 TIMED_OUT = "timed_out"

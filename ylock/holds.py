@@ -21,16 +21,37 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import ClassVar, NamedTuple, Protocol
 
 from ylock import events
-from ylock.engines.base import READ, WRITE, RenewItem
 
-if TYPE_CHECKING:
-    from ylock.engines.base import Engine
 
-HoldKey = tuple["Engine", str, str, str]   # (engine, group, name, owner)
+class Engine(Protocol):
+    """What the table and its renewal thread need of an engine (:class:`ylock.Engine` has
+    it): its name, whether its holds expire unless renewed, and how to renew them."""
+
+    scheme: ClassVar[str]
+    needs_renewal: ClassVar[bool]
+
+    def renew(self, items: Sequence[RenewItem]) -> list[bool | None]: ...
+
+#: The two modes of a hold: exclusive and shared.
+WRITE = "write"
+READ = "read"
+MODES = (WRITE, READ)
+
+HoldKey = tuple[Engine, str, str, str]   # (engine, group, name, owner)
+
+
+class RenewItem(NamedTuple):
+    """One engine-level hold for the watchdog to renew (what ``engine.renew()`` receives)."""
+
+    group: str
+    name: str
+    owner: str
+    mode: str
+    lease: float
 
 
 class Renewal:

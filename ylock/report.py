@@ -1,6 +1,6 @@
 """Render what engines say they hold (:class:`~ylock.LockInfo`) for people and scripts;
-shared by ``manage.py ylock`` and ``flask ylock`` so both print the same thing, and by the
-Django and Flask plugins' 423/503 answers so both send the same body."""
+shared by every command line (``manage.py ylock``, ``flask ylock``) so all print the same.
+(What a refused request answers is :mod:`ylock.web`'s.)"""
 from __future__ import annotations
 
 import json
@@ -51,14 +51,3 @@ def detail(alias: str, info: LockInfo | None, group: str, name: str) -> str:
 def find(infos: Iterable[LockInfo], name: str) -> LockInfo | None:
     """Return the entry for ``name`` among one group's locks, or None."""
     return next((i for i in infos if i.name == name), None)
-
-
-def busy(group: str, name: str, mode: str, retry_after: int) -> dict[str, object]:
-    """The JSON body of a request refused because its lock is busy (423 Locked)."""
-    return {"error": "locked", "lock": f"{group}/{name}", "retry_after": retry_after,
-            "detail": f"the {mode} lock {group}/{name} is busy; retry later"}
-
-
-def unavailable(group: str, name: str, reason: str) -> dict[str, object]:
-    """The JSON body of a request refused because the lock's engine cannot be reached (503)."""
-    return {"error": "lock engine unavailable", "lock": f"{group}/{name}", "retry_after": 5, "detail": reason}

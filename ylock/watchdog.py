@@ -27,13 +27,9 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ylock import events
-from ylock.holds import HOLDS, Hold, HoldTable, Renewal
-
-if TYPE_CHECKING:
-    from ylock.engines.base import Engine
+from ylock.holds import HOLDS, Engine, Hold, HoldTable, Renewal
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +46,6 @@ class Watchdog:
         self.table = table
         self._thread: threading.Thread | None = None
         self._start_mutex = threading.Lock()
-        self._stopping = False
         #: Called with (engine, number of items, seconds) after every renew batch; tests
         #: and benchmarks count round trips with it.
         self.on_batch: Callable[[Engine, int, float], None] | None = None
@@ -65,18 +60,13 @@ class Watchdog:
 
     def _run(self) -> None:
         while True:
-            batches = self._next_batches()
-            if batches is None:
-                return
-            for engine, batch in batches.items():
+            for engine, batch in self._next_batches().items():
                 self._renew(engine, batch)
 
-    def _next_batches(self) -> dict[Engine, list[tuple[Hold, Renewal]]] | None:
+    def _next_batches(self) -> dict[Engine, list[tuple[Hold, Renewal]]]:
         table = self.table
         with table.changed:
             while True:
-                if self._stopping:
-                    return None
                 now = time.monotonic()
                 earliest = table.earliest_due()
                 if earliest is None:

@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import logging
 import math
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -147,6 +148,15 @@ def key_name(value: object) -> str:
 def user_name(user_id: object) -> str:
     """The lock name of an authenticated user."""
     return key_name(f"user-{user_id}")
+
+
+#: The session key under which both plugins keep an anonymous visitor's random id.
+SESSION_KEY = "_ylock_visitor"
+
+
+def new_visitor_id() -> str:
+    """A random id for an anonymous visitor, kept in its session."""
+    return secrets.token_hex(16)
 
 
 def session_name(session_id: str, secret: str | bytes) -> str:

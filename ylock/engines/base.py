@@ -31,12 +31,13 @@ from typing import Any, ClassVar, NamedTuple
 from urllib.parse import parse_qsl
 
 from ylock.errors import ConfigurationError
+from ylock.holds import MODES, READ, WRITE, RenewItem
 from ylock.options import E_ENGINE_URL
 from ylock.waiting import Polling
 
-WRITE = "write"
-READ = "read"
-MODES = (WRITE, READ)
+__all__ = ["Engine", "AcquireRequest", "LockInfo", "RenewItem", "READ", "WRITE", "MODES", "split_url_options",
+           "parse_bool"]
+
 
 
 @dataclass(frozen=True)
@@ -72,16 +73,6 @@ class AcquireRequest(NamedTuple):
     lease: float
     deadline: float | None      # time.monotonic() deadline; None waits forever; <= now tries once
     polling: Polling
-
-
-class RenewItem(NamedTuple):
-    """One engine-level hold for the watchdog to renew."""
-
-    group: str
-    name: str
-    owner: str
-    mode: str
-    lease: float
 
 
 class Engine(abc.ABC):
@@ -135,13 +126,14 @@ class Engine(abc.ABC):
         """Release ``owner``'s hold in ``mode``; return False if the server no longer had it
         (the lease ran out or someone force-released it)."""
 
-    @abc.abstractmethod
     def renew(self, items: Sequence[RenewItem]) -> list[bool | None]:
-        """Extend every hold in ``items`` by its lease, in as few round trips as possible.
+        """Extend every hold in ``items`` by its lease, in as few round trips as possible
+        (the watchdog calls it for engines that set :attr:`needs_renewal`).
 
         Return, for each item, True (renewed), False (not held by that owner any more:
         lost) or None (could not tell: the server did not answer).
         """
+        raise NotImplementedError(f"{type(self).__name__} keeps holds alive without renewals")
 
     # -- inspection ----------------------------------------------------------------
 

@@ -45,7 +45,7 @@ import queue
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -68,7 +68,7 @@ from kazoo.retry import KazooRetry, RetryFailedError
 
 from ylock import events
 from ylock import options as opt
-from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, LockInfo, RenewItem
+from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, LockInfo
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
 from ylock.holds import HOLDS
 
@@ -363,10 +363,15 @@ class ZooKeeperEngine(Engine):
             for hold in holds:
                 hold.lost = True
             HOLDS.mark_lost(self, detail="ZooKeeper session lost (expired or closed)")
-        elif state == KazooState.SUSPENDED:
+        elif state in (KazooState.SUSPENDED, KazooState.CONNECTED):
+            # A suspended connection puts every hold at risk until it reconnects in time
+            # (the session, and with it the holds, survive) or the session expires (LOST).
+            kind = events.SUSPENDED if state == KazooState.SUSPENDED else events.RECONNECTED
             for h in HOLDS.holds(self):
-                events.publish(events.SUSPENDED, h.group, h.name, self.scheme, None, owner=h.owner,
-                                   token=h.token, detail="ZooKeeper connection suspended")
+                if h.lost:
+                    continue
+                events.publish(kind, h.group, h.name, self.scheme, None, owner=h.owner, token=h.token,
+                               detail=f"ZooKeeper connection {'suspended' if kind == events.SUSPENDED else 'back'}")
 
     def ping(self) -> None:
         with self._errors():
@@ -529,11 +534,6 @@ class ZooKeeperEngine(Engine):
         self._keep_recipe((group, name, owner, WRITE if isinstance(hold.recipe, WriteLock) else READ),
                           hold.recipe, hold.proxy)
         return bool(still_there) and not hold.lost
-
-    def renew(self, items: Sequence[RenewItem]) -> list[bool | None]:
-        # Sessions keep holds alive; report what this engine still believes it holds.
-        return [(lambda h: None if h is None else not h.lost)(self._holds.get((i.group, i.name, i.owner, i.mode)))
-                for i in items]
 
     # -- tidying (the LockKeeper) --------------------------------------------------------------------
 

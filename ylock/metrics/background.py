@@ -28,7 +28,7 @@ from typing import Any
 from ylock import options as opt
 from ylock.events import Event
 
-logger = logging.getLogger("ylock.metrics")
+logger = logging.getLogger(__name__)
 
 #: Seconds between two log lines about drops or failures of one shipper.
 LOG_EVERY = 10.0

@@ -14,7 +14,7 @@ from ylock import options as opt
 from ylock.events import Event
 from ylock.metrics.background import Shipper
 
-logger = logging.getLogger("ylock.metrics")
+logger = logging.getLogger(__name__)
 
 
 def import_callable(path: str, setting: str = "METRICS['EXPORTERS']") -> Callable[[Event], object]:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from ylock.events import Event
 
-logger = logging.getLogger("ylock.metrics")
+logger = logging.getLogger(__name__)
 
 #: Seconds between two passes of the pump thread.
 PERIOD = 0.05

@@ -12,7 +12,7 @@ import ylock
 from django_ylock import registry as reg
 from ylock import report
 
-logger = logging.getLogger("django_ylock")
+logger = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):

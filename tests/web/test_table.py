@@ -1,0 +1,240 @@
+"""One table of request-level behaviour, run through both plugins: a Django project and a
+Flask app with the same views must answer every request the same way (status, reason,
+Retry-After, JSON body) and take the same locks (ylock.web is the one implementation)."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.test import Client
+from flask import Flask, jsonify
+
+import django_ylock
+import ylock
+from flask_ylock import YLock
+from tests.helpers import Runner
+from ylock.testing import free_port
+
+LOCKS = {"accounts": {"TIMEOUT": 0.2}, "profiles": {"TIMEOUT": 0.2}}
+
+
+class Plugin:
+    """One plugin's app and how to call it."""
+
+    name: str
+    url: str
+
+    def request(self, method: str, path: str, session: Any = None) -> tuple[int, str, dict[str, str], Any]:
+        raise NotImplementedError
+
+    def session(self) -> Any:
+        raise NotImplementedError
+
+
+class DjangoPlugin(Plugin):
+    name = "django"
+
+    def __init__(self, settings: Any, url: str) -> None:
+        self.url = url
+        settings.ROOT_URLCONF = "tests.web.django_urls"
+        settings.YLOCK = {"ENGINES": {"default": {"URL": url}}, "LOCKS": LOCKS}
+
+    def session(self) -> Client:
+        return Client()
+
+    def request(self, method: str, path: str, session: Any = None) -> tuple[int, str, dict[str, str], Any]:
+        client = session or Client()
+        response = client.generic(method, path)
+        body = response.json() if response["Content-Type"] == "application/json" else response.content
+        headers = {k: v for k, v in response.headers.items() if k == "Retry-After"}
+        return response.status_code, response.reason_phrase, headers, body
+
+
+class FlaskPlugin(Plugin):
+    name = "flask"
+
+    def __init__(self, url: str, tmp_path: Any) -> None:
+        self.url = url
+        app = Flask("table", instance_path=str(tmp_path))
+        app.config.update(SECRET_KEY="table-secret", YLOCK_URL=url, YLOCK_LOCKS=LOCKS)
+        ext = YLock(app)
+
+        @app.post("/accounts/<account_id>/withdraw")
+        @ext.locked("accounts", key="account_id")
+        def withdraw(account_id: str) -> Any:
+            return jsonify(ok=True)
+
+        @app.get("/accounts/<account_id>")
+        @ext.locked("accounts", key="account_id", mode="read")
+        def balance(account_id: str) -> Any:
+            return jsonify(ok=True)
+
+        @app.post("/async/<account_id>")
+        @ext.locked("accounts", key="account_id")
+        async def async_withdraw(account_id: str) -> Any:
+            return jsonify(ok=True)
+
+        @app.post("/files/<path:account_id>")
+        @ext.locked("accounts", key="account_id")
+        def files(account_id: str) -> Any:
+            return jsonify(ok=True)
+
+        @app.post("/profile")
+        @ext.locked("profiles")
+        def profile() -> Any:
+            return jsonify(ok=True)
+        self.app = app
+
+    def session(self) -> Any:
+        return self.app.test_client()
+
+    def request(self, method: str, path: str, session: Any = None) -> tuple[int, str, dict[str, str], Any]:
+        client = session or self.app.test_client()
+        response = client.open(path, method=method)
+        body = response.json if response.mimetype == "application/json" else response.data
+        headers = {k: v for k, v in response.headers.items() if k == "Retry-After"}
+        code, _, reason = response.status.partition(" ")
+        return int(code), reason, headers, body
+
+
+@pytest.fixture(params=["django", "flask"])
+def plugin(request: pytest.FixtureRequest, settings: Any, redis_server: Any, group: str, tmp_path: Any) -> Plugin:
+    url = f"{redis_server.url}?prefix={group}"      # each test and plugin on its own keys
+    if request.param == "django":
+        return DjangoPlugin(settings, url)
+    return FlaskPlugin(url, tmp_path)
+
+
+def holding(url: str, family: str, name: str, mode: str = "write") -> Iterator[None]:
+    """Hold ``family/name`` in another thread for the duration of the block."""
+    engine = ylock.engine_from_url(url)
+    lock = ylock.Lock(engine, family, name)
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with (lock.write() if mode == "write" else lock.read()):
+            held.set()
+            done.wait(10)
+    runner = Runner(hold)
+    runner.start()
+    assert held.wait(10)
+    try:
+        yield
+    finally:
+        done.set()
+        runner.outcome()
+        engine.close()
+
+
+from contextlib import contextmanager  # noqa: E402
+
+held = contextmanager(holding)
+
+BUSY = {"error": "locked", "lock": "accounts/7", "retry_after": 1,
+        "detail": "the write lock accounts/7 is busy; retry later"}
+
+# (held: family, name, mode or None), request (method, path), expected (status, reason, Retry-After, body or None)
+TABLE: list[tuple[tuple[str, str, str] | None, tuple[str, str], tuple[int, str, str | None, Any]]] = [
+    (None, ("POST", "/accounts/7/withdraw"), (200, "OK", None, {"ok": True})),
+    (("accounts", "7", "write"), ("POST", "/accounts/7/withdraw"), (423, "Locked", "1", BUSY)),
+    (("accounts", "7", "write"), ("POST", "/accounts/8/withdraw"), (200, "OK", None, {"ok": True})),
+    (("accounts", "7", "write"), ("GET", "/accounts/7"), (423, "Locked", "1", {**BUSY, "detail":
+                                                           "the read lock accounts/7 is busy; retry later"})),
+    (("accounts", "7", "read"), ("GET", "/accounts/7"), (200, "OK", None, {"ok": True})),
+    (("accounts", "7", "read"), ("POST", "/accounts/7/withdraw"), (423, "Locked", "1", BUSY)),
+    (("accounts", "7", "write"), ("POST", "/async/7"), (423, "Locked", "1", BUSY)),
+    # A URL value is escaped into a lock name: the path value "a/b" is the lock "a%2Fb".
+    (("accounts", "a%2Fb", "write"), ("POST", "/files/a/b"), (423, "Locked", "1", {
+        **BUSY, "lock": "accounts/a%2Fb", "detail": "the write lock accounts/a%2Fb is busy; retry later"})),
+    (None, ("POST", "/files/a/{b}"), (200, "OK", None, {"ok": True})),
+]
+
+
+@pytest.mark.parametrize("hold, call, expected", TABLE)
+def test_both_plugins_answer_alike(plugin: Plugin, hold: Any, call: tuple[str, str], expected: Any) -> None:
+    if hold is None:
+        got = plugin.request(*call)
+    else:
+        with held(plugin.url, *hold):
+            got = plugin.request(*call)
+    status, reason, retry, body = expected
+    assert got[:2] == (status, reason)
+    assert got[2] == ({"Retry-After": retry} if retry else {})
+    assert got[3] == body
+
+
+def test_an_unreachable_engine_answers_503_without_its_address(plugin: Plugin, settings: Any, tmp_path: Any) -> None:
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0?connect_timeout=0.2&socket_timeout=0.2"
+    other = DjangoPlugin(settings, url) if plugin.name == "django" else FlaskPlugin(url, tmp_path)
+    status, reason, headers, body = other.request("POST", "/accounts/7/withdraw")
+    assert (status, reason, headers) == (503, "Service Unavailable", {"Retry-After": "5"})
+    assert body == {"error": "lock engine unavailable", "lock": "accounts/7", "retry_after": 5,
+                    "detail": "the lock service is unavailable; retry later"}
+    assert str(port) not in str(body)
+
+
+def test_anonymous_visitors_are_locked_by_a_hash_of_their_session(plugin: Plugin) -> None:
+    names: list[str] = []
+
+    def seen(event: ylock.events.Event) -> None:
+        if event.kind == "acquired" and event.group == "profiles":
+            names.append(event.name)
+    ylock.events.subscribe(seen)
+    try:
+        one, two = plugin.session(), plugin.session()
+        for session in (one, one, two):
+            assert plugin.request("POST", "/profile", session)[0] == 200
+    finally:
+        ylock.events.unsubscribe(seen)
+    assert names[0] == names[1] != names[2]                    # one lock per session
+    assert all(n.startswith("session-") and len(n) == len("session-") + 32 for n in names)
+    if plugin.name == "django":
+        raw = one.cookies["sessionid"].value
+        assert raw and all(raw not in n for n in names)         # the session cookie never shows
+
+
+def test_a_name_that_can_never_be_a_lock_fails_when_decorated() -> None:
+    with pytest.raises(ylock.ConfigurationError, match="shop/counter"):
+        django_ylock.locked("shop/counter")
+    with pytest.raises(ylock.ConfigurationError, match="shop/counter"):
+        YLock().locked("shop/counter")
+    with pytest.raises(ylock.ConfigurationError, match="cannot be a lock group"):
+        YLock().locked("shop:counter")
+
+
+def test_locked_views_build_one_lock_per_request_and_read_settings_once(plugin: Plugin,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from django_ylock import conf
+
+    built: list[str] = []
+    reads: list[int] = []
+    original_init, original_checked, original_read = ylock.Lock.__init__, ylock.Lock._checked, conf._read
+
+    def init(self: ylock.Lock, *args: Any, **kwargs: Any) -> None:
+        built.append("init")
+        original_init(self, *args, **kwargs)
+
+    def checked(*args: Any) -> ylock.Lock:
+        built.append("family")
+        return original_checked(*args)
+
+    def read() -> Any:
+        reads.append(1)
+        return original_read()
+    monkeypatch.setattr(ylock.Lock, "__init__", init)
+    monkeypatch.setattr(ylock.Lock, "_checked", staticmethod(checked))
+    monkeypatch.setattr(conf, "_read", read)
+    assert plugin.request("POST", "/accounts/1/withdraw")[0] == 200    # warm: settings read, family built
+    built.clear()
+    reads.clear()
+    for account in range(20):
+        assert plugin.request("POST", f"/accounts/{account}/withdraw")[0] == 200
+    assert built == ["family"] * 20        # the one lock each request takes, nothing else
+    assert reads == []                      # no settings read per request
+
+
+def _unused(_: Callable[..., Any]) -> None:  # keep imports tidy for type checkers
+    pass
