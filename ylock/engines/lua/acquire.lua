@@ -4,10 +4,15 @@
 -- ARGV[3] flags: three characters "1"/"0": fair, stay (wait in the queue if not acquired;
 --         "0" is the last try: leave the queue), queued (the owner may be in the queue)
 -- ARGV[4] lease ms   ARGV[5] waiter lease ms
+-- Every grant made here lasts min(lease, waiter lease) until the owner's watchdog renews it to
+-- the full lease (its first renewal comes a third of the waiter lease later): an acquisition
+-- whose answer never reached its owner (a timeout, a frozen server that ran the script after
+-- the client gave up, a cancelled task, a dead process) blocks others for a waiter lease at most.
 -- Returns the token (an integer) when the write fast path acquired; else {1, token, evicted...}
 -- when the owner holds the lock (acquired now, granted by a releaser meanwhile, or a writer
 -- downgrading), or {0, ms the holders' leases still run, evicted...}.
-local o, mode, lease, wlease = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[5])
+local o, mode, wlease = ARGV[1], ARGV[2], tonumber(ARGV[5])
+local lease = math.min(tonumber(ARGV[4]), wlease)
 local fair = string.sub(ARGV[3], 1, 1) == '1'
 local stay = string.sub(ARGV[3], 2, 2) == '1'
 local queued = string.sub(ARGV[3], 3, 3) == '1'
@@ -52,7 +57,7 @@ local function done(status, value)
   return out
 end
 
--- Granted by a releaser while we waited: take it with our full lease.
+-- Granted by a releaser while we waited: take it (its lease starts again).
 if mode == 'write' and writer == o then
   dequeue(o)
   return done(1, grant_write(o, lease, wtok))
