@@ -1,4 +1,4 @@
-"""ZooKeeperEngine: kazoo's read/write lock recipes, made reentrant, kept tidy and fenced.
+"""ZooKeeperEngine: a fair read-write lock on ZooKeeper's sequential ephemeral nodes.
 
 URL::
 
@@ -6,238 +6,194 @@ URL::
 
 ``user:password`` become kazoo ``digest`` auth. Options (query parameters or keyword
 arguments): ``session_timeout`` (seconds, default 10: this is the lease: a holder whose
-session expires loses its locks), ``connect_timeout`` (default 5), ``root`` (the znode
-under which locks live, default ``/ylock``), ``idle`` (seconds after which an unused lock
-parent znode is deleted and a cached recipe dropped, default 2).
+session expires loses its locks), ``connect_timeout`` (default 2: the longest one request
+may take, and how long the first call waits for the first connection), ``root`` (the
+znode under which locks live, default ``/ylock``), ``idle`` (seconds after which an
+unused lock parent znode is deleted, default 2).
 
-How it works (the seed's LockKeeper): every lock is the znode ``<root>/<group>/<name>``;
-kazoo's ``WriteLock``/``ReadLock`` put sequential ephemeral children under it, so waiters
-are served in creation order (fair, always: a non-fair request is served fairly too). The
-engine caches one recipe instance per lock, owner and mode, so a thread that takes the
-same lock again skips kazoo's ``ensure_path``; reentrancy is counted by the facade. A
-background reaper deletes lock parents that stayed empty for ``idle`` seconds and drops
-idle recipes, so fine-grained locks (one name per user) do not grow ZooKeeper without
-bound (kazoo leaves the parents behind).
+The protocol, on kazoo's public asynchronous API (no recipe, no kazoo internals):
 
-Fencing token: the lock node's ``czxid``, read from the create reply (CREATE2: no extra
-round trip). zxids increase across the whole ensemble, so tokens strictly increase per
-lock name, also after its parent was deleted.
+* Every lock is the znode ``<root>/<group>/<name>``; an owner that asks for it creates an
+  ephemeral sequential child ``w-<owner>-<seq>`` (write) or ``r-<owner>-<seq>`` (read),
+  whose data says its mode. Children are served in sequence order: always fair (a
+  non-fair request is served fairly too). A writer is blocked by any child before it, a
+  reader by the write children before it.
+* **Acquire**: the create (CREATE2: the reply carries the node's ``czxid``, the fencing
+  token) and the read of the children are sent together: ZooKeeper answers a session's
+  requests in order, so the children read already sees the new node: one round trip
+  for an uncontended acquisition, one for its release (the delete). That read also
+  leaves a child watch on the lock: the first change of the lock's children makes the
+  holder watch its own node from then on, so a force-release is seen at once without a
+  request of its own on the uncontended path.
+* **Waiting**: a blocked owner watches the nearest child that blocks it and, in the same
+  round trip, its own node. When that blocker was the only one and it is deleted, the
+  waiter owns the lock without reading the children again (sequence numbers only grow, so
+  nothing can get ahead of it; and ZooKeeper delivers watch events in the order of the
+  changes, so had its own node been deleted before, it would have heard that first and
+  queued again). Any other wake-up reads the children again.
+* **Downgrade**: a writer that takes the read lock keeps one node; when it releases the
+  write lock it rewrites the node's data to "read" (one request) and keeps its place, so
+  readers queued behind it get in, a queued writer still waits for it, and no writer can
+  slip in between (the node is never absent). A reader blocked by a write node reads that
+  node's data with its watch (``get`` instead of ``exists``: same cost), so it sees a
+  downgrade and is woken by one.
+* **Faults**: losing the connection fires every kazoo watch with an event of type NONE:
+  that is not a deletion. A waiter waits for the connection to come back (within its
+  deadline) and looks again; a holder checks its node once the connection is back. Only a
+  session that expires, or its node deleted, loses a hold. A request is sent only while
+  connected, and each is bounded: a call ends within its timeout plus ``connect_timeout``.
+  A node whose fate is unknown (a create or delete that got no answer, a waiter that gave
+  up) is deleted in the background once the connection is back, so nothing leaks while
+  the session lives. While the engine is disconnected calls fail within their own timeout
+  (after the first connection, which may take ``connect_timeout``); kazoo reconnects in
+  the background, and its repeated connection errors are logged once a minute, not per
+  attempt.
+* **Tidying** (the seed's LockKeeper): lock parents unused for ``idle`` seconds are
+  deleted by a background thread, so fine-grained locks do not grow ZooKeeper.
 
 Guarantees: exclusion holds while the holder's session lives; quorum writes are not lost
 on failover. A session that expires (the process paused past ``session_timeout``, or cut
 off) marks every hold lost (``lock.lost``, ``LockLost`` at release, a ``lost`` event); a
-suspended connection publishes a ``suspended`` event. A force-released hold is detected
-through the child watch that the recipe's own "am I first?" read leaves on the lock
-parent (no request of its own): when the lock's nodes change, the engine checks, once,
-that the holder's node is still there, and watches it from then on. Requests per
-uncontended acquire+release: 3 (create, get_children, delete; kazoo's own recipe, reused,
-makes 4). Downgrade: a writer may take the read lock, but on ZooKeeper
-its hold stays exclusive until it releases the read lock too (creating a read node while
-writers queue behind the write node would let one of them in early).
+suspended connection publishes ``suspended``, its return ``reconnected``. Fencing token:
+the node's ``czxid``; zxids increase across the ensemble, so tokens strictly increase per
+lock name, also after its parent was deleted.
 """
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
+import collections
 import contextlib
 import logging
-import os
-import queue
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
-    CancelledError,
+    BadVersionError,
     ConnectionClosedError,
     ConnectionLoss,
     KazooException,
+    NodeExistsError,
     NoNodeError,
     NotEmptyError,
     OperationTimeoutError,
     SessionExpiredError,
 )
-from kazoo.exceptions import LockTimeout as KazooLockTimeout
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType
-from kazoo.recipe.lock import ReadLock, WriteLock
-from kazoo.retry import KazooRetry, RetryFailedError
+from kazoo.retry import KazooRetry
 
 from ylock import events
 from ylock import options as opt
-from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, LockInfo
+from ylock.engines.base import READ, WRITE, Abandon, AcquireRequest, Engine, LockInfo, Steps, arun_steps, run_steps
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
 from ylock.holds import HOLDS
 
 logger = logging.getLogger(__name__)
 
 _UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError,
-                KazooTimeoutError, RetryFailedError)
+                KazooTimeoutError)
+#: Errors a request's result may carry that the protocol handles itself.
+_ANSWERS = (NoNodeError, NodeExistsError, NotEmptyError, BadVersionError)
+_LETTER = {WRITE: "w", READ: "r"}
 
 
-class _RecordingClient:
-    """The KazooClient as a recipe sees it, except that
+class _Mailbox:
+    """Watch events for one waiting acquisition, handed from kazoo's thread to the owner,
+    whether it waits in a thread or in an asyncio task (no thread of its own)."""
 
-    - ``create`` also fetches the new node's stat in the same round trip (CREATE2) and
-      keeps it: its czxid is the token;
-    - ``get_children`` (the recipe's "am I first?" read) also leaves a child watch on the
-      lock parent: every change of the lock's nodes then calls :attr:`on_change`, which
-      checks that the holder's node is still there. So a force-release is seen without
-      a request of its own on the uncontended path.
-    """
-
-    def __init__(self, client: KazooClient) -> None:
-        self._client = client
-        self.stat: Any = None
-        self.changed = False                       # a child watch fired since the last read
-        self.on_change: Callable[[], None] | None = None
-        self.arm = False     # our node was created: the recipe's reads now set the watch
-        self.last_children: list[str] = []    # what the recipe's last children read found
-
-    def create(self, path: str, value: bytes = b"", **kwargs: Any) -> str:
-        created, self.stat = self._client.create(path, value, include_data=True, **kwargs)
-        self.arm = True
-        return created  # type: ignore[no-any-return]
-
-    def get_children(self, path: str, watch: Any = None, **kwargs: Any) -> Any:
-        if watch is None and self.arm:
-            self.changed = False
-            watch = self._children_changed
-        children = self._client.get_children(path, watch=watch, **kwargs)
-        self.last_children = children
-        return children
-
-    def _children_changed(self, event: Any) -> None:
-        self.changed = True
-        on_change = self.on_change
-        if on_change is not None:
-            on_change()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-
-class _Handoff:
-    """kazoo's lock recipe with one read less per contended handoff.
-
-    A waiter reads the lock's children, watches the nearest node ahead of it that blocks
-    it, and when that watch fires reads the children again to see whether it is first
-    now. If that node was the only one blocking it, its deletion already answers that:
-    sequence numbers only grow, so no node can appear ahead of ours. The waiter then
-    takes the lock without the second read (a ZooKeeper round trip of the handoff).
-    Any other wake-up (a waiter ahead that gave up while others remain, a session event)
-    reads the children as kazoo does.
-    """
-
-    client: Any
-    prefix: str
-    _contenders_re: Any
-    _only_blocker: tuple[str, str] | None = None   # (our node, the single node ahead blocking it)
-    _unblocked: str | None = None                   # our node, once that single blocker was deleted
-
-    def _get_predecessor(self, node: str) -> str | None:
-        # Keyed by our node: for that node the answer stays true (nothing can get ahead
-        # of it), so a deletion seen after a timed-out attempt misleads no other node.
-        if self._unblocked == node:
-            return None
-        predecessor: str | None = super()._get_predecessor(node)  # type: ignore[misc]
-        self._only_blocker = None
-        if predecessor is not None:
-            mine = node[len(self.prefix):]
-            ahead = 0
-            for child in self.client.last_children:
-                match = self._contenders_re.search(child)
-                if match is not None and match.group(1) < mine:
-                    ahead += 1
-            if ahead == 1:
-                self._only_blocker = (node, predecessor)
-        return predecessor
-
-    def _watch_predecessor(self, event: Any) -> None:
-        only = self._only_blocker
-        if (only is not None and event.type == EventType.DELETED
-                and event.path.rsplit("/", 1)[-1] == only[1]):
-            self._unblocked = only[0]
-        super()._watch_predecessor(event)  # type: ignore[misc]
-
-
-class _WriteLock(_Handoff, WriteLock):  # type: ignore[misc]
-    pass
-
-
-class _ReadLock(_Handoff, ReadLock):  # type: ignore[misc]
-    pass
-
-
-class _Acquirers:
-    """Daemon threads that run kazoo's blocking acquire for calls with a finite timeout,
-    so the caller never waits past it: reused rather than started per call, one more
-    started whenever none is idle (a busy pool never times a caller out), and daemons, so
-    an acquire hung on a lost quorum never holds up the interpreter's exit."""
+    __slots__ = ("_events", "_ready", "_future", "_loop")
 
     def __init__(self) -> None:
-        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = \
-            queue.SimpleQueue()
-        self._mutex = threading.Lock()
-        self._idle = 0
+        self._events: collections.deque[Any] = collections.deque()
+        self._ready = threading.Event()
+        self._future: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def submit(self, func: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        with self._mutex:
-            if self._idle:
-                self._idle -= 1
-            else:
-                threading.Thread(target=self._work, name="ylock-zk-acquire", daemon=True).start()
-        self._tasks.put((func, future))
-        return future
+    def put(self, event: Any) -> None:
+        self._events.append(event)
+        self._ready.set()
+        loop, future = self._loop, self._future
+        if loop is not None and future is not None:
+            loop.call_soon_threadsafe(_settle, future, None, None)
 
-    def _work(self) -> None:
-        while True:
-            func, future = self._tasks.get()
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(func())
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                    future.set_exception(exc)
-            with self._mutex:
-                self._idle += 1
+    def take(self) -> Any:
+        try:
+            event = self._events.popleft()
+        except IndexError:
+            return None
+        if not self._events:
+            self._ready.clear()
+            if self._events:          # one arrived between the pop and the clear
+                self._ready.set()
+        return event
 
+    def wait(self, timeout: float | None) -> Any:
+        event = self.take()
+        if event is None and self._ready.wait(timeout):
+            event = self.take()
+        return event
 
-_pool: _Acquirers | None = None
-_pool_mutex = threading.Lock()
-
-
-def _acquirers() -> _Acquirers:
-    global _pool
-    if _pool is None:
-        with _pool_mutex:
-            if _pool is None:
-                _pool = _Acquirers()
-    return _pool
-
-
-def _forget_pool_after_fork() -> None:
-    global _pool, _pool_mutex
-    _pool, _pool_mutex = None, threading.Lock()   # the parent's threads do not exist here
-
-
-os.register_at_fork(after_in_child=_forget_pool_after_fork)
+    async def await_(self, timeout: float | None) -> Any:
+        event = self.take()
+        if event is not None:
+            return event
+        self._loop = asyncio.get_running_loop()
+        self._future = self._loop.create_future()
+        if self._events:              # arrived before the future was visible to put()
+            return self.take()
+        try:
+            await asyncio.wait_for(self._future, timeout)
+        except asyncio.TimeoutError:
+            return None
+        finally:
+            self._future = None
+        return self.take()
 
 
-class _Hold:
-    __slots__ = ("recipe", "proxy", "node", "token", "downgraded", "lost", "watched")
+def _settle(future: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+    if not future.done():
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(value)
 
-    def __init__(self, recipe: Any, proxy: _RecordingClient, token: int) -> None:
-        self.recipe = recipe
-        self.proxy = proxy
-        self.node = f"{recipe.path}/{recipe.node}"
-        self.token = token
-        self.downgraded = False    # a read hold riding on this write node
+
+class _Claim:
+    """One owner's node on one lock: first a request (it may wait), then a hold."""
+
+    __slots__ = ("engine", "key", "lockpath", "prefix", "mode", "node", "token", "mailbox", "held", "lost",
+                 "released", "own_watched", "recheck", "downgraded", "unsure")
+
+    def __init__(self, engine: ZooKeeperEngine, key: tuple[str, str, str, str], lockpath: str, mode: str) -> None:
+        self.engine = engine
+        self.key = key                          # (group, name, owner, mode)
+        self.lockpath = lockpath
+        self.prefix = f"{_LETTER[mode]}-{key[2]}-"
+        self.mode = mode
+        self.node: str | None = None           # the full path of our node, once created
+        self.token = 0
+        self.mailbox = _Mailbox()
+        self.held = False
         self.lost = False
-        self.watched = False       # an exists watch on the node is set
+        self.released = False
+        self.own_watched = False                # an exists watch on our node is set
+        self.recheck = False                    # the connection dropped: look at our node again
+        self.downgraded = False                 # a read hold rides on this write node
+        self.unsure = False                     # a create got no answer: our node may exist
+
+    def on_watch(self, event: Any) -> None:
+        """Every watch of this claim calls this, in kazoo's thread: never block here."""
+        if self.released:
+            return
+        if self.held:
+            self.engine._held_event(self, event)
+        else:
+            self.mailbox.put(event)
 
 
 class ZooKeeperEngine(Engine):
@@ -245,9 +201,9 @@ class ZooKeeperEngine(Engine):
 
     scheme = "zookeeper"
     needs_renewal = False
-    downgrade_shares = False
+    url_options = {"session_timeout": float, "connect_timeout": float, "root": str, "idle": float}
 
-    def __init__(self, url: str, *, session_timeout: float = 10.0, connect_timeout: float = 5.0,
+    def __init__(self, url: str, *, session_timeout: float = 10.0, connect_timeout: float = 2.0,
                  root: str = "/ylock", idle: float = 2.0) -> None:
         super().__init__()
         parts = urlsplit(url)
@@ -257,31 +213,34 @@ class ZooKeeperEngine(Engine):
         if not hosts:
             raise ConfigurationError(f"ZooKeeper URL names no host: {url!r}", code=opt.E_ENGINE_URL)
         where = "ZooKeeper engine option"
-        session_timeout = opt.seconds(session_timeout, f"{where} session_timeout", minimum=0.1, maximum=3600,
-                                      above=None, code=opt.E_ENGINE_URL)
-        connect_timeout = opt.seconds(connect_timeout, f"{where} connect_timeout", maximum=3600,
-                                      code=opt.E_ENGINE_URL)
-        idle = opt.seconds(idle, f"{where} idle", maximum=86400, code=opt.E_ENGINE_URL)
+        self.session_timeout = opt.seconds(session_timeout, f"{where} session_timeout", minimum=0.1, maximum=3600,
+                                           above=None, code=opt.E_ENGINE_URL)
+        self.connect_timeout = opt.seconds(connect_timeout, f"{where} connect_timeout", maximum=3600,
+                                           code=opt.E_ENGINE_URL)
+        self.idle = opt.seconds(idle, f"{where} idle", maximum=86400, code=opt.E_ENGINE_URL)
         if not isinstance(root, str) or not root.startswith("/") or root.endswith("/") or "//" in root:
             raise ConfigurationError(f"{where} root must be an absolute znode path, got {root!r}",
                                      code=opt.E_ENGINE_URL)
         self.url = url
         self.hosts = hosts + (parts.path.rstrip("/") if parts.path not in ("", "/") else "")
         self.auth = (unquote(parts.username or ""), unquote(parts.password or "")) if parts.username else None
-        self.session_timeout = float(session_timeout)
-        self.connect_timeout = float(connect_timeout)
         self.root = root
-        self.idle = float(idle)
+        self._reset_state()
+
+    def _reset_state(self) -> None:
         self._client: KazooClient | None = None
         self._mutex = threading.RLock()
-        self._holds: dict[tuple[str, str, str, str], _Hold] = {}
-        self._recipes: dict[tuple[str, str, str, str], tuple[Any, _RecordingClient, float]] = {}
-        self._released: dict[str, float] = {}   # lock path -> when it was last released
-        self._reaper: threading.Thread | None = None
-        self._closed = threading.Event()
         self._connected = threading.Event()
-
-    url_options = {"session_timeout": float, "connect_timeout": float, "root": str, "idle": float}
+        self._tried = False                      # a first connection was waited for already
+        self._connect_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._claims: dict[tuple[str, str, str, str], _Claim] = {}   # held, by (group, name, owner, mode)
+        self._live: set[str] = set()             # nodes of claims in progress or held
+        self._creating: set[tuple[str, str]] = set()    # (lockpath, prefix) with a create in flight
+        self._orphans: set[str] = set()          # nodes to delete once connected
+        self._orphan_prefixes: set[tuple[str, str]] = set()   # (lockpath, prefix): any such node not live
+        self._released: dict[str, float] = {}    # lock path -> when it was last released
+        self._keeper: threading.Thread | None = None
+        self._keeper_wake = threading.Condition(threading.Lock())
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> ZooKeeperEngine:
@@ -299,269 +258,581 @@ class ZooKeeperEngine(Engine):
 
     # -- connection -------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _errors(self, group: str | None = None, name: str | None = None) -> Iterator[None]:
-        """Translate kazoo errors into ylock's: the one place this engine does it."""
-        try:
-            yield
-        except LockError:
-            raise
-        except _UNAVAILABLE as exc:
-            raise EngineUnavailable(f"ZooKeeper at {self.hosts} is unavailable: {type(exc).__name__} {exc}",
-                                    group=group, name=name) from exc
-        except KazooException as exc:
-            raise LockError(f"ZooKeeper at {self.hosts} failed: {type(exc).__name__} {exc}",
-                            group=group, name=name) from exc
+    def _kazoo(self) -> KazooClient:
+        """The kazoo client, started (in the background) on first use."""
+        client = self._client
+        if client is None:
+            with self._mutex:
+                if self._client is None:
+                    auth = [("digest", f"{self.auth[0]}:{self.auth[1]}")] if self.auth else None
+                    kazoo_logger = logging.getLogger(f"{__name__}.kazoo")
+                    if not any(isinstance(f, _OncePerMinute) for f in kazoo_logger.filters):
+                        kazoo_logger.addFilter(_OncePerMinute())
+                    self._client = KazooClient(hosts=self.hosts, timeout=self.session_timeout, auth_data=auth,
+                                               connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
+                                               logger=kazoo_logger)
+                    self._client.add_listener(self._on_state)
+                    with warnings.catch_warnings():
+                        # kazoo warns when the chroot does not exist yet; creates make it.
+                        warnings.filterwarnings("ignore", "No chroot path exists")
+                        self._client.start_async()
+                client = self._client
+        return client
 
     @property
     def client(self) -> KazooClient:
-        """The started kazoo client (connects on first use; EngineUnavailable if it cannot)."""
-        return self._connected_client(self.connect_timeout)
-
-    def _connected_client(self, wait: float) -> KazooClient:
-        """Return the client once connected, waiting up to ``wait`` seconds for a
-        (re)connection, e.g. the new session kazoo opens after one expired."""
-        client = self._client
-        if client is not None and client.connected:
-            return client
-        with self._mutex:
-            if self._client is None:
-                auth = [("digest", f"{self.auth[0]}:{self.auth[1]}")] if self.auth else None
-                self._client = KazooClient(
-                    hosts=self.hosts, timeout=self.session_timeout, auth_data=auth,
-                    connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
-                    command_retry=KazooRetry(max_tries=3, max_delay=0.5, deadline=self.connect_timeout))
-                self._client.add_listener(self._on_state)
-                try:
-                    with warnings.catch_warnings():
-                        # kazoo warns when the chroot does not exist yet; we create it below.
-                        warnings.filterwarnings("ignore", "No chroot path exists")
-                        self._client.start(timeout=self.connect_timeout)
-                    self._client.ensure_path(self.root)
-                except KazooTimeoutError as exc:
-                    self._client.stop()
-                    self._client.close()
-                    self._client = None
-                    raise EngineUnavailable(f"ZooKeeper at {self.hosts} did not answer within "
-                                            f"{self.connect_timeout} s") from exc
-            client = self._client
-        if not client.connected and not self._connected.wait(wait):
-            raise EngineUnavailable(f"ZooKeeper at {self.hosts} is not connected ({client.state}) "
-                                    f"after {wait:.3g} s")
-        return client
+        """The kazoo client (started on first use; it may not be connected yet)."""
+        return self._kazoo()
 
     def _on_state(self, state: str) -> None:
         # Runs in kazoo's event thread: never block here.
         if state == KazooState.CONNECTED:
             self._connected.set()
+            with self._mutex:
+                waiters, self._connect_waiters = self._connect_waiters, []
+            for loop, future in waiters:
+                loop.call_soon_threadsafe(_settle, future, None, None)
+            self._wake_keeper()
         else:
             self._connected.clear()
         if state == KazooState.LOST:
             with self._mutex:
-                holds = list(self._holds.values())
-                self._recipes.clear()
-            for hold in holds:
-                hold.lost = True
+                claims = list(self._claims.values())
+            for claim in claims:
+                claim.lost = True
             HOLDS.mark_lost(self, detail="ZooKeeper session lost (expired or closed)")
-        elif state in (KazooState.SUSPENDED, KazooState.CONNECTED):
+        else:
             # A suspended connection puts every hold at risk until it reconnects in time
             # (the session, and with it the holds, survive) or the session expires (LOST).
             kind = events.SUSPENDED if state == KazooState.SUSPENDED else events.RECONNECTED
             for h in HOLDS.holds(self):
-                if h.lost:
-                    continue
-                events.publish(kind, h.group, h.name, self.scheme, None, owner=h.owner, token=h.token,
-                               detail=f"ZooKeeper connection {'suspended' if kind == events.SUSPENDED else 'back'}")
+                if not h.lost:
+                    events.publish(kind, h.group, h.name, self.scheme, None, owner=h.owner, token=h.token,
+                                   detail=f"ZooKeeper connection {'suspended' if state != 'CONNECTED' else 'back'}")
+
+    def _connect_wait(self, left: float | None, deadline: float | None) -> float:
+        """How long a call may wait for a connection: the first call of the engine up to
+        ``connect_timeout`` (a cold start), later ones only within their own deadline (the
+        client reconnects in the background)."""
+        first = not self._tried
+        self._tried = True
+        wait = self.connect_timeout if first else \
+            (self.connect_timeout if deadline is None else max(0.0, deadline - time.monotonic()))
+        return wait if left is None else min(wait, left)
 
     def ping(self) -> None:
-        with self._errors():
-            self.client.exists("/")
+        """Raise EngineUnavailable unless the server answers; make sure the root znode exists."""
+        self._sync(lambda call: self._kazoo().ensure_path_async(self.root).get(timeout=self.connect_timeout))
 
     def _after_fork(self) -> None:
         # The parent's session and threads are not ours: start over, without closing them.
-        self._client = None
-        self._mutex = threading.RLock()
-        self._holds = {}
-        self._recipes = {}
-        self._released = {}
-        self._reaper = None
-        self._connected = threading.Event()
+        self._reset_state()
 
     def close(self) -> None:
-        self._closed.set()
-        client, self._client = self._client, None
+        with self._mutex:
+            client, self._client = self._client, None
+            self._connected.clear()
+            self._tried = False
+        self._wake_keeper()                      # it stops with the client
         if client is not None:
             with contextlib.suppress(Exception):
                 client.stop()
                 client.close()
 
+    # -- the executors ---------------------------------------------------------------------------
+
+    def _start(self, client: KazooClient, req: tuple[Any, ...]) -> Any:
+        kind, path = req[0], req[1]
+        if kind == "create":
+            return client.create_async(path, req[2], ephemeral=True, sequence=True, makepath=True,
+                                       include_data=True)
+        if kind == "children":
+            return client.get_children_async(path, watch=req[2])
+        if kind == "exists":
+            return client.exists_async(path, watch=req[2])
+        if kind == "get":
+            return client.get_async(path, watch=req[2])
+        if kind == "delete":
+            return client.delete_async(path)
+        if kind == "set":
+            return client.set_async(path, req[2])
+        raise ValueError(f"unknown request {kind!r}")
+
+    def _sendable(self) -> KazooClient:
+        client = self._kazoo()
+        if not client.connected:
+            raise EngineUnavailable(f"ZooKeeper at {self.hosts} is not connected ({client.state})")
+        return client
+
+    def _do(self, op: tuple[Any, ...]) -> Any:
+        """Do one operation of the steps, blocking (the sync world's executor)."""
+        kind = op[0]
+        if kind == "send":
+            client = self._sendable()
+            pending = [self._start(client, req) for req in op[1]]
+            end = time.monotonic() + op[2]
+            results = []
+            for result in pending:
+                try:
+                    results.append(result.get(timeout=max(0.0, end - time.monotonic())))
+                except _ANSWERS as exc:
+                    results.append(exc)
+            return results
+        if kind == "wait":
+            return op[1].wait(op[2])
+        if kind == "connect":
+            self._kazoo()
+            if not self._connected.wait(op[1]):
+                raise EngineUnavailable(f"ZooKeeper at {self.hosts} is not connected after {op[1]:.3g} s")
+            return None
+        time.sleep(op[1])          # "sleep"
+        return None
+
+    async def _ado(self, op: tuple[Any, ...]) -> Any:
+        """Do one operation of the steps, awaiting it (the asyncio world's executor): kazoo's
+        asynchronous results and watches resolve asyncio futures, so no thread waits."""
+        kind = op[0]
+        if kind == "send":
+            client = self._sendable()
+            loop = asyncio.get_running_loop()
+            futures = []
+            for req in op[1]:
+                future: asyncio.Future[Any] = loop.create_future()
+                self._start(client, req).rawlink(lambda result, f=future: _resolve(loop, f, result))
+                futures.append(future)
+            try:
+                done = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), op[2])
+            except asyncio.TimeoutError:
+                raise KazooTimeoutError(f"no answer within {op[2]:.3g} s") from None
+            results = []
+            for value in done:
+                if isinstance(value, BaseException) and not isinstance(value, _ANSWERS):
+                    raise value
+                results.append(value)
+            return results
+        if kind == "wait":
+            return await op[1].await_(op[2])
+        if kind == "connect":
+            self._kazoo()
+            if not self._connected.is_set():
+                loop = asyncio.get_running_loop()
+                future = loop.create_future()
+                with self._mutex:
+                    self._connect_waiters.append((loop, future))
+                if self._connected.is_set():
+                    return None
+                try:
+                    await asyncio.wait_for(future, op[1])
+                except asyncio.TimeoutError:
+                    raise EngineUnavailable(f"ZooKeeper at {self.hosts} is not connected after {op[1]:.3g} s") \
+                        from None
+            return None
+        await asyncio.sleep(op[1])
+        return None
+
+    def _translate(self, exc: Exception, group: str | None = None, name: str | None = None) -> Exception:
+        """Return the ylock error for a kazoo error: the one place this engine maps them."""
+        if isinstance(exc, LockError):
+            return exc
+        if isinstance(exc, _UNAVAILABLE):
+            return EngineUnavailable(f"ZooKeeper at {self.hosts} is unavailable: {type(exc).__name__} {exc}",
+                                     group=group, name=name)
+        if isinstance(exc, KazooException):
+            return LockError(f"ZooKeeper at {self.hosts} failed: {type(exc).__name__} {exc}", group=group, name=name)
+        return exc
+
     # -- ownership --------------------------------------------------------------------------------
 
-    def _path(self, group: str, name: str) -> str:
+    def _lockpath(self, group: str, name: str) -> str:
         return f"{self.root}/{group}/{name}"
-
-    def _recipe(self, client: KazooClient, key: tuple[str, str, str, str]) -> tuple[Any, _RecordingClient]:
-        cached = self._recipes.pop(key, None)
-        if cached is not None and cached[0].client._client is client:
-            return cached[0], cached[1]
-        group, name, owner, mode = key
-        proxy = _RecordingClient(client)
-        cls = _WriteLock if mode == WRITE else _ReadLock
-        return cls(proxy, self._path(group, name), identifier=f"{mode}:{owner}"), proxy
 
     def acquire(self, request: AcquireRequest) -> int | None:
         r = request
-        key = (r.group, r.name, r.owner, r.mode)
-        if r.mode == READ:
-            write = self._holds.get((r.group, r.name, r.owner, WRITE))
-            if write is not None:      # downgrade: the write node carries the read hold
-                write.downgraded = True
-                self._holds[key] = write
-                return write.token
-        with self._errors(r.group, r.name):
-            wait = self.connect_timeout if r.deadline is None else \
-                min(self.connect_timeout, max(0.0, r.deadline - time.monotonic()))
-            client = self._connected_client(wait)
-            recipe, proxy = self._recipe(client, key)
-            for _attempt in range(5):
-                timeout = None if r.deadline is None else max(0.0, r.deadline - time.monotonic())
-                try:
-                    got = self._acquire_bounded(recipe, timeout)
-                except NoNodeError:
-                    # The reaper deleted the parent between kazoo's ensure_path and its
-                    # create: make sure of the path again and retry.
-                    recipe.assured_path = False
-                    recipe.create_tried = False
-                    continue
-                break
-            else:
-                got = False
-        if not got:
-            self._keep_recipe(key, recipe, proxy)
-            return None
-        token = int(proxy.stat.czxid)
-        hold = _Hold(recipe, proxy, token)
-        with self._mutex:
-            self._holds[key] = hold
-            self._released.pop(recipe.path, None)
-        # The recipe's get_children left a child watch on the lock parent: when the lock's
-        # nodes change, check (once) that ours is still there and watch it from then on.
-        proxy.on_change = lambda k=key, h=hold: self._check_node(client, k, h)
-        proxy.arm = False           # the watch is set; the next acquisition sets it anew
-        if proxy.changed:           # it fired before on_change was set
-            self._check_node(client, key, hold)
-        return token
+        token = self._downgrade(r)
+        if token is not None:
+            return token
+        return run_steps(self._acquire_steps(r), self._do,  # type: ignore[no-any-return]
+                         lambda exc: self._translate(exc, r.group, r.name))
 
-    def _check_node(self, client: KazooClient, key: tuple[str, str, str, str], hold: _Hold) -> None:
-        """Watch ``hold``'s node (asynchronously); report it lost if it is gone."""
-        if hold.watched or self._holds.get(key) is not hold:
+    async def aacquire(self, request: AcquireRequest) -> int | None:
+        r = request
+        token = self._downgrade(r)
+        if token is not None:
+            return token
+        return await arun_steps(self._acquire_steps(r), self._ado,  # type: ignore[no-any-return]
+                                lambda exc: self._translate(exc, r.group, r.name))
+
+    def _downgrade(self, r: AcquireRequest) -> int | None:
+        """A writer taking the read lock: its write node carries the read hold."""
+        if r.mode != READ:
+            return None
+        write = self._claims.get((r.group, r.name, r.owner, WRITE))
+        if write is None:
+            return None
+        write.downgraded = True
+        self._claims[(r.group, r.name, r.owner, READ)] = write
+        return write.token
+
+    def _acquire_steps(self, r: AcquireRequest) -> Steps:
+        """Create our node, then wait until no child before it blocks us (module docstring).
+        Every request is bounded by what is left of the call's budget (the deadline plus
+        ``connect_timeout``); waits end at the deadline."""
+        lockpath = self._lockpath(r.group, r.name)
+        claim = _Claim(self, (r.group, r.name, r.owner, r.mode), lockpath, r.mode)
+        data = _LETTER[r.mode].encode()
+        end = None if r.deadline is None else r.deadline + self.connect_timeout
+        flight = (lockpath, claim.prefix)
+        watched = False              # a children read has left its child watch
+        self._creating.add(flight)
+        try:
+            while True:
+                left = self._left(end)
+                if not self._connected.is_set():
+                    yield ("connect", self._connect_wait(left, r.deadline))
+                    left = self._left(end)
+                try:
+                    if claim.node is None and not claim.unsure:
+                        created, children = yield ("send", [("create", f"{lockpath}/{claim.prefix}", data),
+                                                            ("children", lockpath, claim.on_watch)], left)
+                        if isinstance(created, Exception):
+                            raise created
+                        self._own(claim, created[0], int(created[1].czxid))
+                        if isinstance(children, NoNodeError):    # the parent was made by the create
+                            continue
+                        watched = True
+                    else:
+                        # The first successful read of the children leaves the child watch
+                        # (see the module docstring); later reads need none.
+                        children, = yield ("send", [("children", lockpath, None if watched else claim.on_watch)],
+                                           left)
+                        if isinstance(children, NoNodeError):
+                            children = []
+                        else:
+                            watched = True
+                except EngineUnavailable:
+                    if claim.node is None:
+                        claim.unsure = True
+                    if r.deadline is not None and time.monotonic() >= r.deadline:
+                        raise
+                    yield ("connect", self._connect_wait(self._left(end), r.deadline))
+                    continue
+                mine = self._mine(claim, children)
+                if mine is None:
+                    if not claim.unsure:
+                        self._forget(claim)      # deleted under us (a force-release): queue again
+                    claim.unsure = False         # (or, after a create without answer: not created)
+                    continue
+                if not claim.token:              # ours, found after a create without answer
+                    stat, = yield ("send", [("exists", claim.node, None)], self._left(end))
+                    if stat is None or isinstance(stat, Exception):
+                        self._forget(claim)
+                        continue
+                    claim.token = int(stat.czxid)
+                claim.unsure = False
+                # Nodes of ours but for this one were left by earlier attempts of this owner
+                # whose create got no answer (kazoo sends a request queued during a
+                # disconnection once it reconnects): they block nobody of ours, and go.
+                for child in children:
+                    if child.startswith(claim.prefix) and child != mine:
+                        self._orphan(f"{lockpath}/{child}")
+                blockers = _blockers([c for c in children if c == mine or not c.startswith(claim.prefix)],
+                                     mine, r.mode)
+                if not blockers:
+                    return self._granted(claim)
+                if r.deadline is not None and time.monotonic() >= r.deadline:
+                    yield from self._give_up(claim)
+                    return None
+                granted = yield from self._wait(claim, r, blockers, end)
+                if granted:
+                    return self._granted(claim)
+        except GeneratorExit:
+            raise
+        except Abandon:
+            yield from self._give_up(claim)
+            raise
+        except BaseException:
+            if not claim.held:
+                yield from self._give_up(claim)
+            raise
+        finally:
+            self._creating.discard(flight)
+
+    def _wait(self, claim: _Claim, r: AcquireRequest, blockers: list[str], end: float | None) -> Steps:
+        """Watch the nearest blocker (and, once, our own node), then wait for an event;
+        return True when the lock is ours without another look at the children."""
+        target = f"{claim.lockpath}/{blockers[-1]}"
+        reader = r.mode == READ
+        requests: list[tuple[Any, ...]] = [("get" if reader else "exists", target, claim.on_watch)]
+        if not claim.own_watched:
+            requests.append(("exists", claim.node, claim.on_watch))
+        try:
+            answers = yield ("send", requests, self._left(end))
+        except EngineUnavailable:
+            if r.deadline is not None and time.monotonic() >= r.deadline:
+                raise
+            return False
+        if len(answers) > 1:
+            claim.own_watched = True
+            if answers[1] is None:
+                self._forget(claim)
+                return False
+        first = answers[0]
+        if first is None or isinstance(first, NoNodeError):
+            return False                         # gone already: look again
+        if reader and first[0][:1] == b"r":
+            return True                          # a downgraded writer: readers share with it
+        only = len(blockers) == 1
+        while True:
+            wait = None if r.deadline is None else r.deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                return False                     # the caller sees the deadline and gives up
+            event = yield ("wait", claim.mailbox, wait)
+            if event is None:
+                continue
+            if event.type == EventType.NONE:
+                # The connection dropped (kazoo fires every watch): not a deletion. Look
+                # again once it is back; our watches must be set again too.
+                claim.own_watched = False
+                yield ("connect", min(self._left(end), self.session_timeout))
+                return False
+            if event.path == claim.node:
+                if event.type == EventType.DELETED:
+                    self._forget(claim)
+                    return False
+                claim.own_watched = False
+                return False
+            if event.path == target:
+                return event.type == EventType.DELETED and only
+            # a stale watch from an earlier look: keep waiting
+
+    def _mine(self, claim: _Claim, children: list[str]) -> str | None:
+        """Return our node among ``children`` (after a create without answer: the earliest of
+        ours, the others deleted in the background), or None if it is not there."""
+        if claim.node is not None:
+            base = claim.node.rsplit("/", 1)[1]
+            return base if base in children else None
+        if not claim.unsure:
+            return None
+        ours = sorted((c for c in children if c.startswith(claim.prefix)), key=lambda c: c[-10:])
+        if not ours:
+            return None
+        for extra in ours[1:]:
+            self._orphan(f"{claim.lockpath}/{extra}")
+        self._own(claim, f"{claim.lockpath}/{ours[0]}", 0)
+        return ours[0]
+
+    def _own(self, claim: _Claim, node: str, token: int) -> None:
+        claim.node = node
+        claim.token = token
+        claim.own_watched = False
+        self._live.add(node)
+
+    def _forget(self, claim: _Claim) -> None:
+        if claim.node is not None:
+            self._live.discard(claim.node)
+        claim.node = None
+        claim.own_watched = False
+
+    def _granted(self, claim: _Claim) -> int:
+        claim.held = True
+        with self._mutex:
+            self._claims[claim.key] = claim
+            self._released.pop(claim.lockpath, None)
+        while (event := claim.mailbox.take()) is not None:     # watches that fired while we decided
+            self._held_event(claim, event)
+        return claim.token
+
+    def _give_up(self, claim: _Claim) -> Steps:
+        """Delete our node (a timeout, a cancellation, an error): within one request's time;
+        if that fails, in the background once connected."""
+        node = claim.node
+        claim.released = True
+        self._forget(claim)
+        if node is None:
+            if claim.unsure:
+                self._orphan_prefix(claim.lockpath, claim.prefix)
             return
-        hold.watched = True
+        try:
+            yield ("send", [("delete", node)], self.connect_timeout)
+        except (EngineUnavailable, LockError):
+            self._orphan(node)
+
+    def _left(self, end: float | None) -> float:
+        if end is None:
+            return self.connect_timeout
+        return max(0.001, min(self.connect_timeout, end - time.monotonic()))
+
+    def release(self, group: str, name: str, owner: str, mode: str) -> bool:
+        return run_steps(self._release_steps(group, name, owner, mode), self._do,  # type: ignore[no-any-return]
+                         lambda exc: self._translate(exc, group, name))
+
+    async def arelease(self, group: str, name: str, owner: str, mode: str) -> bool:
+        return await arun_steps(self._release_steps(group, name, owner, mode),  # type: ignore[no-any-return]
+                                self._ado, lambda exc: self._translate(exc, group, name))
+
+    def _release_steps(self, group: str, name: str, owner: str, mode: str) -> Steps:
+        with self._mutex:
+            claim = self._claims.pop((group, name, owner, mode), None)
+        if claim is None or claim.node is None:
+            return False
+        other = (group, name, owner, READ if mode == WRITE else WRITE)
+        if claim.downgraded and self._claims.get(other) is claim:
+            if mode == WRITE and not claim.lost:
+                # The write hold ends, the read hold stays on the same node: other readers
+                # may share it now, writers still wait (the node keeps its place).
+                try:
+                    yield ("send", [("set", claim.node, b"r")], self.connect_timeout)
+                except EngineUnavailable:
+                    self._claims[(group, name, owner, mode)] = claim
+                    raise
+            return not claim.lost
+        claim.released = True
+        node, claim.node = claim.node, None
+        self._live.discard(node)
+        # Delete our node even when the hold was reported lost: if it is still there it is
+        # ours (a connection drop is not a loss), and left behind it would block everyone.
+        try:
+            if not self._connected.is_set():
+                yield ("connect", self.connect_timeout)
+            deleted, = yield ("send", [("delete", node)], self.connect_timeout)
+        except EngineUnavailable as exc:
+            self._orphan(node)
+            raise EngineUnavailable(f"could not delete the lock node {node} ({exc}); it is deleted when the "
+                                    "connection is back, or by ZooKeeper when the session expires",
+                                    group=group, name=name) from exc
+        with self._mutex:
+            self._released[claim.lockpath] = time.monotonic()
+        self._start_keeper()
+        return not isinstance(deleted, NoNodeError) and not claim.lost
+
+    # -- holds: watches and loss ---------------------------------------------------------------
+
+    def _held_event(self, claim: _Claim, event: Any) -> None:
+        """A watch of a held claim fired (in kazoo's thread)."""
+        if event is None or claim.lost or claim.node is None:
+            return
+        if event.type == EventType.NONE:
+            claim.recheck = True              # look at our node once the connection is back
+            claim.own_watched = False
+            self._wake_keeper()
+            return
+        if event.path == claim.node and event.type == EventType.DELETED:
+            self._lose(claim, "its lock node was deleted")
+            return
+        if event.path == claim.node or not claim.own_watched:
+            self._watch_own(claim)            # a child changed (or our own data): watch our node
+
+    def _watch_own(self, claim: _Claim) -> None:
+        """Watch our node (asynchronously); report the hold lost if it is gone."""
+        client = self._client
+        node = claim.node
+        if client is None or node is None or not client.connected:
+            claim.recheck = True
+            return
+        claim.own_watched = True
 
         def answered(result: Any) -> None:
             try:
                 stat = result.get_nowait()
-            except Exception:  # noqa: BLE001 - no answer (connection loss): the session events decide
+            except Exception:  # noqa: BLE001 - no answer (connection loss): checked again once back
+                claim.recheck = True
+                claim.own_watched = False
                 return
             if stat is None:
-                self._node_gone(key, hold)
-        client.exists_async(hold.node, watch=lambda event: self._node_gone(key, hold)).rawlink(answered)
+                self._lose(claim, "its lock node was deleted")
+        client.exists_async(node, watch=claim.on_watch).rawlink(answered)
 
-    def _acquire_bounded(self, recipe: Any, timeout: float | None) -> bool:
-        """Run kazoo's acquire; with a timeout, never block the caller past it (kazoo's
-        own acquire can hang on connection retries when the ensemble lost quorum)."""
-        if timeout is None:
-            try:
-                return bool(recipe.acquire(blocking=True))
-            except CancelledError:
-                return False
-        if timeout == 0:
-            return bool(recipe.acquire(blocking=False))
-        def run() -> bool:
-            try:
-                return bool(recipe.acquire(blocking=True, timeout=timeout))
-            except (KazooLockTimeout, CancelledError):
-                return False
-        future = _acquirers().submit(run)
-        try:
-            return bool(future.result(timeout + min(1.0, self.session_timeout / 4)))
-        except concurrent.futures.TimeoutError:
-            recipe.cancel()
-            try:
-                return bool(future.result(0.5))
-            except concurrent.futures.TimeoutError:
-                future.add_done_callback(lambda f: self._release_if_acquired(recipe))
-                raise OperationTimeoutError(f"no answer within the {timeout:.3g} s timeout") from None
+    def _lose(self, claim: _Claim, why: str) -> None:
+        if claim.lost or claim.released:
+            return
+        claim.lost = True
+        group, name, owner, _ = claim.key
+        HOLDS.mark_lost(self, group, name, owner, detail=why)
 
-    @staticmethod
-    def _release_if_acquired(recipe: Any) -> None:
-        """A hung acquire that we gave up on finally got the lock: give it back."""
-        if recipe.is_acquired:
-            with contextlib.suppress(Exception):
-                recipe.release()
+    # -- the keeper: background deletes and tidying (the seed's LockKeeper) -----------------------
 
-    def _node_gone(self, key: tuple[str, str, str, str], hold: _Hold) -> None:
-        if self._holds.get(key) is hold and not hold.lost:
-            hold.lost = True
-            HOLDS.mark_lost(self, key[0], key[1], key[2], detail="its lock node was deleted")
-
-    def _keep_recipe(self, key: tuple[str, str, str, str], recipe: Any, proxy: _RecordingClient) -> None:
+    def _orphan(self, node: str) -> None:
         with self._mutex:
-            self._recipes[key] = (recipe, proxy, time.monotonic())
-            self._released[recipe.path] = time.monotonic()
-        self._start_reaper()
+            self._orphans.add(node)
+        self._start_keeper()
 
-    def release(self, group: str, name: str, owner: str, mode: str) -> bool:
-        key = (group, name, owner, mode)
+    def _orphan_prefix(self, lockpath: str, prefix: str) -> None:
         with self._mutex:
-            hold = self._holds.pop(key, None)
-        if hold is None:
-            return False
-        other = (group, name, owner, READ if mode == WRITE else WRITE)
-        if hold.downgraded and self._holds.get(other) is hold:
-            return not hold.lost        # the other mode still rides on this node
-        if hold.lost:
-            return False
-        with self._errors(group, name):
-            try:
-                still_there = hold.recipe.release()
-            except NoNodeError:
-                still_there = False
-        if still_there:
-            # Our node is gone for sure: the recipe's next acquire need not look for a
-            # node left by an earlier attempt (kazoo would read the children for it).
-            hold.recipe.create_tried = False
-        self._keep_recipe((group, name, owner, WRITE if isinstance(hold.recipe, WriteLock) else READ),
-                          hold.recipe, hold.proxy)
-        return bool(still_there) and not hold.lost
+            self._orphan_prefixes.add((lockpath, prefix))
+        self._start_keeper()
 
-    # -- tidying (the LockKeeper) --------------------------------------------------------------------
-
-    def _start_reaper(self) -> None:
-        if self._reaper is None or not self._reaper.is_alive():
+    def _start_keeper(self) -> None:
+        if self._keeper is None or not self._keeper.is_alive():
             with self._mutex:
-                if self._reaper is None or not self._reaper.is_alive():
-                    self._reaper = threading.Thread(target=self._reap_loop, name="ylock-zk-reaper", daemon=True)
-                    self._reaper.start()
+                if self._keeper is None or not self._keeper.is_alive():
+                    self._keeper = threading.Thread(target=self._keep, name="ylock-zk-keeper", daemon=True)
+                    self._keeper.start()
+        else:
+            self._wake_keeper()
 
-    def _reap_loop(self) -> None:
-        while not self._closed.wait(self.idle / 2):
+    def _wake_keeper(self) -> None:
+        with self._keeper_wake:
+            self._keeper_wake.notify()
+
+    def _keep(self) -> None:
+        while self._client is not None:
+            with self._keeper_wake:
+                self._keeper_wake.wait(self.idle / 2)
+            if self._client is None:
+                return
             try:
-                self.reap()
-            except Exception:  # noqa: BLE001 - a reaper failure must not stop future reaps
-                logger.debug("ylock: zookeeper reap failed", exc_info=True)
+                self.tidy()
+            except Exception:  # noqa: BLE001 - a failed round must not stop the next ones
+                logger.debug("ylock: zookeeper tidying failed", exc_info=True)
+
+    def tidy(self) -> int:
+        """Delete nodes whose owners gave up on them, recheck holds after a reconnection, and
+        delete lock parents unused for ``idle`` seconds; return how many parents were deleted."""
+        client = self._client
+        if client is None or not client.connected:
+            return 0
+        with self._mutex:
+            orphans, self._orphans = self._orphans, set()
+            prefixes, self._orphan_prefixes = self._orphan_prefixes, set()
+            recheck = [c for c in self._claims.values() if c.recheck and not c.lost]
+        for claim in recheck:
+            claim.recheck = False
+            self._watch_own(claim)
+        for node in orphans:
+            try:
+                client.delete_async(node).get(timeout=self.connect_timeout)
+            except NoNodeError:
+                pass
+            except Exception:  # noqa: BLE001 - try again next round
+                self._orphan(node)
+        for lockpath, prefix in prefixes:
+            if (lockpath, prefix) in self._creating:
+                self._orphan_prefix(lockpath, prefix)     # a new attempt is in flight: later
+                continue
+            try:
+                children = client.get_children_async(lockpath).get(timeout=self.connect_timeout)
+            except NoNodeError:
+                continue
+            except Exception:  # noqa: BLE001
+                self._orphan_prefix(lockpath, prefix)
+                continue
+            for child in children:
+                node = f"{lockpath}/{child}"
+                if child.startswith(prefix) and node not in self._live:
+                    self._orphans.add(node)
+        if self._orphans:
+            self._wake_keeper()
+        return self.reap()
 
     def reap(self, older_than: float | None = None) -> int:
-        """Delete lock parents (and drop cached recipes) unused for ``older_than`` seconds
-        (default: the idle period); return how many parents were deleted."""
+        """Delete lock parents unused for ``older_than`` seconds (default: the idle period);
+        return how many were deleted."""
         cutoff = time.monotonic() - (self.idle if older_than is None else older_than)
         with self._mutex:
-            held = {h.recipe.path for h in self._holds.values()}
+            held = {c.lockpath for c in self._claims.values()}
             paths = [p for p, t in self._released.items() if t <= cutoff and p not in held]
             for p in paths:
                 del self._released[p]
-            for key in [k for k, v in self._recipes.items() if v[2] <= cutoff]:
-                del self._recipes[key]
         client = self._client
         if not paths or client is None or not client.connected:
             return 0
@@ -573,77 +844,138 @@ class ZooKeeperEngine(Engine):
                 deleted += 1
             except (NotEmptyError, NoNodeError):
                 pass             # someone queued again, or another process tidied it first
-        groups = {p.rsplit("/", 1)[0] for p in paths}
-        for g in [client.delete_async(g) for g in groups]:
+        for g in [client.delete_async(g) for g in {p.rsplit("/", 1)[0] for p in paths}]:
             with contextlib.suppress(NotEmptyError, NoNodeError, KazooException):
                 g.get(timeout=self.connect_timeout)
         return deleted
 
     # -- inspection --------------------------------------------------------------------------
 
+    def _sync(self, func: Callable[[Callable[..., Any]], Any], group: str | None = None,
+              name: str | None = None) -> Any:
+        """Run an inspection, connected, each request bounded by ``connect_timeout``, errors
+        translated. ``func`` gets ``call(kind, path, *args)`` that returns a request's result."""
+        try:
+            self._do(("connect", self._connect_wait(None, None)))
+            client = self._sendable()
+
+            def call(*req: Any) -> Any:
+                return self._start(client, req).get(timeout=self.connect_timeout)
+            return func(call)
+        except Exception as exc:
+            raise self._translate(exc, group, name) from exc
+
     def describe(self, group: str | None = None) -> list[LockInfo]:
-        infos = []
-        with self._errors(group):
-            client = self.client
+        def look(call: Callable[..., Any]) -> list[LockInfo]:
             try:
-                groups = [group] if group else sorted(client.get_children(self.root))
+                groups = [group] if group else sorted(call("children", self.root, None))
             except NoNodeError:
                 return []
+            infos = []
             for g in groups:
                 try:
-                    names = sorted(client.get_children(f"{self.root}/{g}"))
+                    names = sorted(call("children", f"{self.root}/{g}", None))
                 except NoNodeError:
                     continue
                 for n in names:
-                    info = self._describe_one(client, g, n)
+                    info = self._describe_one(call, g, n)
                     if info is not None:
                         infos.append(info)
-        return infos
+            return infos
+        return self._sync(look, group)  # type: ignore[no-any-return]
 
-    def _describe_one(self, client: KazooClient, group: str, name: str) -> LockInfo | None:
-        path = self._path(group, name)
+    def _describe_one(self, call: Callable[..., Any], group: str, name: str) -> LockInfo | None:
+        lockpath = self._lockpath(group, name)
         try:
-            children = client.get_children(path)
+            children = call("children", lockpath, None)
         except NoNodeError:
             return None
         nodes = []
-        for child in children:
-            kind = "write" if "__lock__" in child else "read" if "__rlock__" in child else None
-            if kind is None:
+        for child in sorted(children, key=lambda c: c[-10:]):
+            parsed = _parse(child)
+            if parsed is None:
                 continue
+            mode, owner = parsed
             try:
-                data, stat = client.get(f"{path}/{child}")
+                data, stat = call("get", f"{lockpath}/{child}", None)
             except NoNodeError:
                 continue
-            owner = data.decode(errors="replace").partition(":")[2] or "?"
-            nodes.append((child[-10:], kind, owner, int(stat.czxid)))
+            nodes.append((READ if data[:1] == b"r" else mode, owner, int(stat.czxid)))
         if not nodes:
             return None
-        nodes.sort()
-        holders: list[tuple[str, str, str, int]] = []
-        for seq, kind, owner, czxid in nodes:
-            if kind == "write":
+        holders: list[tuple[str, str, int]] = []
+        for node in nodes:
+            if node[0] == WRITE:
                 if not holders:
-                    holders.append((seq, kind, owner, czxid))
+                    holders.append(node)
                 break
-            holders.append((seq, kind, owner, czxid))
-        waiters = tuple(f"{kind}:{owner}" for _, kind, owner, _ in nodes[len(holders):])
+            holders.append(node)
+        waiters = tuple(f"{mode}:{owner}" for mode, owner, _ in nodes[len(holders):])
         if not holders:
             return LockInfo(group, name, None, (), waiters, None, None)
-        mode = holders[0][1]
-        return LockInfo(group, name, mode, tuple(h[2] for h in holders), waiters, None, max(h[3] for h in holders))
+        return LockInfo(group, name, holders[0][0], tuple(h[1] for h in holders), waiters, None,
+                        max(h[2] for h in holders))
 
     def force_release(self, group: str, name: str) -> bool:
-        path = self._path(group, name)
-        had = False
-        with self._errors(group, name):
-            client = self.client
+        lockpath = self._lockpath(group, name)
+
+        def drop(call: Callable[..., Any]) -> bool:
             try:
-                children = client.get_children(path)
+                children = call("children", lockpath, None)
             except NoNodeError:
                 return False
-            for child in children:
+            had = False
+            # The waiters first, the holders last: a waiter then never sees its blocker go
+            # while its own node is still there, and so never believes itself the holder.
+            for child in sorted(children, key=lambda c: c[-10:], reverse=True):
                 with contextlib.suppress(NoNodeError):
-                    client.delete(f"{path}/{child}")
+                    call("delete", f"{lockpath}/{child}")
                     had = True
-        return had
+            return had
+        return self._sync(drop, group, name)  # type: ignore[no-any-return]
+
+
+def _blockers(children: list[str], mine: str, mode: str) -> list[str]:
+    """The children before ``mine`` that block it, in sequence order (the last is nearest)."""
+    seq = mine[-10:]
+    ahead = sorted((c for c in children if c[-10:] < seq and _parse(c) is not None), key=lambda c: c[-10:])
+    if mode == WRITE:
+        return ahead
+    return [c for c in ahead if c.startswith("w-")]
+
+
+def _parse(child: str) -> tuple[str, str] | None:
+    """(mode, owner) of a lock node's name, or None for something else."""
+    if len(child) < 13 or child[1] != "-" or child[0] not in "wr" or not child[-10:].isdigit():
+        return None
+    return (WRITE if child[0] == "w" else READ), child[2:-11]
+
+
+def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any) -> None:
+    """kazoo's thread: copy an asynchronous result into an asyncio future."""
+    try:
+        value = result.get_nowait()
+    except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+        loop.call_soon_threadsafe(_settle, future, None, exc)
+    else:
+        loop.call_soon_threadsafe(_settle, future, value, None)
+
+
+class _OncePerMinute(logging.Filter):
+    """Let a repeated kazoo log message through once a minute: kazoo logs every failed
+    reconnection attempt, many per second while a server is down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = str(record.msg)[:60]
+        now = time.monotonic()
+        if now - self._seen.get(key, -1e9) < 60:
+            return False
+        self._seen[key] = now
+        if len(self._seen) > 1000:
+            self._seen.clear()
+        return True
+
