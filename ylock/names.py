@@ -14,11 +14,11 @@ MAX_GROUP_LENGTH = 64
 MAX_NAME_LENGTH = 200
 
 # "/" separates ZooKeeper path segments; "{" and "}" would break a Redis Cluster hash tag.
-# Refused as well: control characters (C0, DEL and C1: unprintable in `ylock list`, and
-# ZooKeeper refuses most of them), lone surrogates (no UTF-8 form: redis-py raises
-# UnicodeEncodeError and kazoo's connection thread dies on them), and the code points that
-# ZooKeeper refuses in paths (U+E000-U+F8FF, U+FFF0-U+FFFF).
-_FORBIDDEN = re.compile("[/{}\x00-\x1f\x7f-\x9f\ud800-\udfff\ue000-\uf8ff\ufff0-\uffff]")
+# Refused as well: control characters (C0, DEL and C1: unprintable in `ylock list`) and lone
+# surrogates (no UTF-8 form: redis-py raises UnicodeEncodeError on them and kazoo's
+# connection thread died of one). What a server refuses beyond that (ZooKeeper: characters
+# outside the BMP, private use) its engine escapes.
+_FORBIDDEN = re.compile("[/{}\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def _check(kind: str, value: object, max_length: int) -> str:
@@ -31,8 +31,8 @@ def _check(kind: str, value: object, max_length: int) -> str:
                          f"{value[:40]!r}...")
     bad = _FORBIDDEN.search(value)
     if bad:
-        raise ValueError(f"lock {kind} {value!r} contains {bad.group()!r}; '/', '{{', '}}', control characters, "
-                         "surrogates and private-use characters are not allowed")
+        raise ValueError(f"lock {kind} {value!r} contains {bad.group()!r}; '/', '{{', '}}', control characters "
+                         "and lone surrogates are not allowed")
     if value in (".", ".."):
         raise ValueError(f"lock {kind} must not be {value!r}")
     return value

@@ -91,10 +91,54 @@ def test_downgrade_write_to_read(engine, group):
         if ok:
             other.runlock()
         return ok
-    assert other_thread(read_too) is engine.downgrade_shares               # shared now (or still exclusive)
+    assert other_thread(read_too) is True                                  # shared now, on every engine
     assert other_thread(lambda: make(engine, group).try_lock(0.05)) is False
     lock.runlock()
     assert not lock.held()
+
+
+def test_downgrade_admits_queued_readers_and_no_writer(engine, group):
+    """Write→read downgrade (Java's ReentrantReadWriteLock, Curator's InterProcessReadWriteLock):
+    the reader queued behind the holder gets in while the holder still reads; the writer
+    queued behind that reader waits for every reader, and never slips in between the write
+    release and the read hold (CURATOR-621)."""
+    holder = make(engine, group)
+    holder.lock()
+    log: list[str] = []
+    reader_in, reader_go = threading.Event(), threading.Event()
+
+    def reader() -> None:
+        lock = make(engine, group)
+        lock.rlock(timeout=20)
+        log.append("reader in")
+        reader_in.set()
+        reader_go.wait(20)
+        log.append("reader out")
+        lock.runlock()
+
+    def writer() -> None:
+        lock = make(engine, group)
+        lock.lock(timeout=20)
+        log.append("writer in")
+        lock.unlock()
+    r = Runner(reader)
+    r.start()
+    wait_until(lambda: len(waiters(engine, group, "n")) == 1, what="the reader queued")
+    w = Runner(writer)
+    w.start()
+    wait_until(lambda: len(waiters(engine, group, "n")) == 2, what="the writer queued behind it")
+    holder.rlock()
+    holder.unlock()                                   # downgraded: holds read only
+    assert reader_in.wait(10), "the queued reader did not get in after the downgrade"
+    info = next(i for i in engine.describe(group) if i.name == "n")
+    assert info.mode == "read" and len(info.owners) == 2 and [x.split(":")[0] for x in info.waiters] == ["write"]
+    log.append("holder out")
+    holder.runlock()
+    assert waiters(engine, group, "n") == ["write:" + info.waiters[0].split(":", 1)[1]]   # still waiting
+    reader_go.set()
+    r.outcome()
+    w.outcome()
+    assert log == ["reader in", "holder out", "reader out", "writer in"]
 
 
 def test_upgrade_is_refused_at_once(engine, group):
@@ -146,6 +190,32 @@ def other_thread_with_context(func):  # noqa: ANN001, ANN201
     import contextvars
     ctx = contextvars.copy_context()
     return other_thread(lambda: ctx.run(func))
+
+
+# -- the engine level -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["write", "read"])
+def test_a_release_by_a_former_owner_leaves_the_new_owner_alone(engine, group, mode):
+    """An owner whose hold vanished (force-released, or its lease ran out) releases: the
+    engine answers False and the lock's new owner keeps it (a release script that deleted
+    whatever holds the lock would pass every test that only looks at the releaser)."""
+    from ylock.engines.base import AcquireRequest, RenewItem
+    from ylock.waiting import DEFAULT_POLLING
+
+    first = AcquireRequest(group, "n", "former-owner", mode, True, 30.0, time.monotonic() + 5, DEFAULT_POLLING)
+    token = engine.acquire(first)
+    assert isinstance(token, int)
+    assert engine.force_release(group, "n") is True
+    second = first._replace(owner="new-owner", deadline=time.monotonic() + 5)
+    assert engine.acquire(second) > token
+    assert engine.release(group, "n", "former-owner", mode) is False
+    info = next(i for i in engine.describe(group) if i.name == "n")
+    assert info.owners == ("new-owner",) and info.mode == mode
+    if engine.needs_renewal:
+        assert engine.renew([RenewItem(group, "n", "new-owner", mode, 30.0)]) == [True]
+    assert engine.release(group, "n", "new-owner", mode) is True
+    assert not [i for i in engine.describe(group) if i.owners]
 
 
 # -- timeouts ----------------------------------------------------------------------------------

@@ -92,9 +92,6 @@ class Engine(abc.ABC):
     #: True if holds expire unless the watchdog renews them (Redis, local); False if the
     #: server keeps them alive by other means (ZooKeeper sessions).
     needs_renewal: ClassVar[bool] = True
-    #: True if, after a write→read downgrade, other readers may share the lock; False if the
-    #: downgraded hold stays exclusive until released (ZooKeeper: see its module docstring).
-    downgrade_shares: ClassVar[bool] = True
 
     #: The options a URL's query string may carry (``?session_timeout=4``): name -> a function
     #: that turns the raw text into the option's value (raising ValueError if it cannot).
@@ -222,6 +219,14 @@ def parse_bool(raw: str) -> bool:
 Steps = Generator[Any, Any, Any]
 
 
+def _translated(translate: Callable[[Exception], Exception], exc: Exception) -> Exception:
+    """``translate(exc)``, keeping ``exc`` as its cause (driver errors never leak, causes stay)."""
+    error = translate(exc)
+    if error is not exc and error.__cause__ is None:
+        error.__cause__ = exc
+    return error
+
+
 class Abandon(BaseException):
     """Thrown into an engine's steps when their caller gave up (a cancelled asyncio task):
     the steps must leave any queue and give back whatever was granted meanwhile, then
@@ -237,7 +242,7 @@ def run_steps(steps: Steps, do: Callable[[Any], Any], translate: Callable[[Excep
             try:
                 result = do(op)
             except Exception as exc:  # noqa: BLE001 - handed to the steps, which decide
-                op = steps.throw(translate(exc))
+                op = steps.throw(_translated(translate, exc))
             else:
                 op = steps.send(result)
     except StopIteration as stop:
@@ -261,7 +266,7 @@ async def arun_steps(steps: Steps, ado: Callable[[Any], Awaitable[Any]],
                     await asyncio.shield(cleanup)
                 raise
             except Exception as exc:  # noqa: BLE001 - handed to the steps, which decide
-                op = steps.throw(translate(exc))
+                op = steps.throw(_translated(translate, exc))
             else:
                 op = steps.send(result)
     except StopIteration as stop:
@@ -276,7 +281,7 @@ async def _abandon(steps: Steps, ado: Callable[[Any], Awaitable[Any]],
             try:
                 result = await ado(op)
             except Exception as exc:  # noqa: BLE001
-                op = steps.throw(translate(exc))
+                op = steps.throw(_translated(translate, exc))
             else:
                 op = steps.send(result)
     except (StopIteration, Abandon):

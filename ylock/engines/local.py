@@ -75,6 +75,8 @@ def may_enter(writer: str | None, readers: Iterable[str], queue: Sequence[tuple[
     it). Non-fair: anyone enters a compatible lock, unless the head of the queue has
     waited past the barge window, or (for a reader) the head is a writer.
     """
+    if mode == READ and writer == owner:
+        return True                      # a writer downgrading may always read, queue or not
     readers = list(readers)
     if mode == WRITE:
         compatible = writer is None and not readers

@@ -176,8 +176,12 @@ class RedisEngine(Engine):
         if isinstance(exc, rex.AuthenticationError):
             return EngineUnavailable(f"Redis at {self.url_for_display()} refused the credentials: {exc}",
                                      group=group, name=name)
+        if isinstance(exc, rex.InvalidResponse):
+            return EngineUnavailable(f"the server at {self.url_for_display()} does not answer like Redis "
+                                     f"(is the port right?): {exc}", group=group, name=name)
         if isinstance(exc, (rex.ConnectionError, rex.TimeoutError, rex.BusyLoadingError, rex.ReadOnlyError,
-                            rex.ClusterDownError, rex.TryAgainError, rex.MasterDownError, OSError)):
+                            rex.ClusterDownError, rex.TryAgainError, rex.MasterDownError, rex.RedisClusterException,
+                            OSError)):
             return EngineUnavailable(f"Redis at {self.url_for_display()} is unavailable: {exc}",
                                      group=group, name=name)
         if isinstance(exc, rex.RedisError):

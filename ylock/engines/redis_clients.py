@@ -158,8 +158,11 @@ class Clients:
                 raise ConfigurationError(f"Sentinel URL needs the master name: redis+sentinel://host:port/MASTER/db, "
                                          f"got {self.display_url()!r}", code=opt.E_ENGINE_URL)
             db = int(segments[1]) if len(segments) > 1 else 0
-            sentinel = Sentinel(hosts, socket_timeout=self.socket_timeout,
-                                socket_connect_timeout=self.connect_timeout)
+            # The sentinels' own connections: no retries with backoff (redis-py's default
+            # sleeps for seconds between attempts, past every timeout of ours).
+            sentinel = Sentinel(hosts, sentinel_kwargs={
+                "socket_timeout": self.socket_timeout, "socket_connect_timeout": self.connect_timeout,
+                "retry": Retry(NoBackoff(), 0), **_NO_SETINFO})
             return _checked(sentinel.master_for(segments[0], db=db, username=username, password=password, **options))
         except ConfigurationError:
             raise

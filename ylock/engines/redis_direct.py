@@ -49,7 +49,10 @@ class DirectCalls:
         try:
             conn = idle.pop()
         except IndexError:
-            conn = self.pool.get_connection()
+            try:
+                conn = self.pool.get_connection()     # redis-py 8 connects here
+            except rex.ResponseError as exc:
+                raise rex.ConnectionError(f"the server refused to set up the connection: {exc}") from exc
         end = None if timeout is None else time.monotonic() + timeout
         try:
             try:

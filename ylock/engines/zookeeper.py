@@ -444,7 +444,7 @@ class ZooKeeperEngine(Engine):
     # -- ownership --------------------------------------------------------------------------------
 
     def _lockpath(self, group: str, name: str) -> str:
-        return f"{self.root}/{group}/{name}"
+        return f"{self.root}/{_escape(group)}/{_escape(name)}"
 
     def acquire(self, request: AcquireRequest) -> int | None:
         r = request
@@ -874,11 +874,11 @@ class ZooKeeperEngine(Engine):
             infos = []
             for g in groups:
                 try:
-                    names = sorted(call("children", f"{self.root}/{g}", None))
+                    names = sorted(call("children", f"{self.root}/{_escape(g) if g == group else g}", None))
                 except NoNodeError:
                     continue
                 for n in names:
-                    info = self._describe_one(call, g, n)
+                    info = self._describe_one(call, _unescape(g) if g != group else g, _unescape(n))
                     if info is not None:
                         infos.append(info)
             return infos
@@ -933,6 +933,20 @@ class ZooKeeperEngine(Engine):
                     had = True
             return had
         return self._sync(drop, group, name)  # type: ignore[no-any-return]
+
+
+def _escape(text: str) -> str:
+    """A group or name as a znode name: ZooKeeper refuses characters outside the BMP (Java
+    sees surrogates), private use and U+FFF0-U+FFFF in paths; those and "%" are written as
+    %XX of their UTF-8 bytes (names never hold "/" or control characters)."""
+    if all(c != "%" and c < "\ue000" or "\uf8ff" < c < "\ufff0" for c in text):
+        return text
+    return "".join(c if c != "%" and (c < "\ue000" or "\uf8ff" < c < "\ufff0")
+                   else "".join(f"%{b:02X}" for b in c.encode()) for c in text)
+
+
+def _unescape(text: str) -> str:
+    return unquote(text) if "%" in text else text
 
 
 def _blockers(children: list[str], mine: str, mode: str) -> list[str]:
