@@ -9,7 +9,6 @@ deadlocking, whichever thread (WSGI, ASGI's thread pool) runs each part.
 """
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -151,20 +150,42 @@ class RequestLock:
 
     async def arun(self, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any],
                    call: Callable[[], Awaitable[HttpResponse]]) -> HttpResponse:
-        """Await ``call()`` holding the request's lock; the blocking lock calls run in a
-        worker thread so the event loop keeps serving other requests."""
-        lock = await asyncio.to_thread(self.lock_for, request, args, kwargs)  # may touch the session
+        """Await ``call()`` holding the request's lock. Waiting costs no thread; if the
+        request is cancelled (the client went away: Django cancels the view), the wait
+        leaves the queue, or the lock is released, and nothing stays held."""
+        lock = await self.alock_for(request, args, kwargs)
         if lock is None:
             return await call()
         mode, owner = self.view.mode_for(request), request_owner(request)
-        refused = await asyncio.to_thread(run_as, owner, self._enter, request, lock, mode)
-        if refused is not None:
-            return refused  # type: ignore[return-value]
         with owner_scope(owner):   # the view's own lock calls act as the request's owner
+            config = conf.current()
+            on_locked = self.on_locked or config.web.on_locked
+            outcome = await web.aenter(lock, mode, self.view.timeout_for(config.registry), config.web,
+                                       retry=self.view.retry_after, status=self.view.status,
+                                       custom=on_locked is not None)
+            if isinstance(outcome, ylock.LockTimeout):
+                return on_locked(request, outcome)  # type: ignore[no-any-return, misc]
+            if outcome is not None:
+                return answer(outcome)
             try:
                 return await call()
             finally:
-                await asyncio.to_thread(run_as, owner, web.leave, lock, mode)
+                await web.aleave(lock, mode)
+
+    async def alock_for(self, request: HttpRequest, args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> ylock.Lock | None:
+        """:meth:`lock_for` in an async view: the session is read and written through
+        Django's async session API (a database session must not be touched from the loop)."""
+        if self.view.key is None and not getattr(getattr(request, "user", None), "is_authenticated", False):
+            session = getattr(request, "session", None)
+            if session is not None and hasattr(session, "aget") and self.view.anonymous != "skip":
+                if await session.aget(web.SESSION_KEY) is None:
+                    await session.aset(web.SESSION_KEY, web.new_visitor_id())
+            elif session is not None and self.view.anonymous != "skip":    # Django before 5.0
+                from asgiref.sync import sync_to_async
+
+                return await sync_to_async(self.lock_for)(request, args, kwargs)
+        return self.lock_for(request, args, kwargs)
 
 
 def release_pending(**kwargs: Any) -> None:

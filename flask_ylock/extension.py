@@ -11,7 +11,6 @@ whether the view is sync or async.
 """
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import json
@@ -128,13 +127,16 @@ class YLock:
                     if target is None:
                         return await view(*args, **kwargs)
                     with owner_scope(request_owner()):
-                        refused = await asyncio.to_thread(_enter, target, held_mode, wait, view_spec)
+                        st = state()
+                        outcome = await web.aenter(target, held_mode, wait, st.web, retry=view_spec.retry_after,
+                                                   status=view_spec.status, custom=st.web.on_locked is not None)
+                        refused = _answer_for(outcome, st)
                         if refused is not None:
                             return refused
                         try:
                             return await view(*args, **kwargs)
                         finally:
-                            await asyncio.to_thread(web.leave, target, held_mode)
+                            await web.aleave(target, held_mode)
                 return async_wrapper  # type: ignore[return-value]
 
             @functools.wraps(view)
@@ -233,8 +235,11 @@ def _target(spec: web.LockedView, view_kwargs: dict[str, Any]) -> tuple[ylock.Lo
 
 def _enter(lock: ylock.Lock, mode: str, timeout: float | None, spec: web.LockedView) -> Response | None:
     st = state()
-    outcome = web.enter(lock, mode, timeout, st.web, retry=spec.retry_after, status=spec.status,
-                        custom=st.web.on_locked is not None)
+    return _answer_for(web.enter(lock, mode, timeout, st.web, retry=spec.retry_after, status=spec.status,
+                                 custom=st.web.on_locked is not None), st)
+
+
+def _answer_for(outcome: web.Refusal | ylock.LockTimeout | None, st: State) -> Response | None:
     if isinstance(outcome, ylock.LockTimeout):
         return st.web.on_locked(outcome)  # type: ignore[misc, no-any-return]
     return None if outcome is None else answer(outcome)

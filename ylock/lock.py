@@ -18,6 +18,7 @@ doing that would wait for each other forever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import time
@@ -29,7 +30,7 @@ from ylock.engines.base import READ, WRITE, AcquireRequest, Engine
 from ylock.errors import LockLost, LockNotOwned, LockTimeout, LockUpgradeError
 from ylock.holds import HOLDS, Hold
 from ylock.names import check_group, check_name
-from ylock.owner import current_owner, run_as, task_owner
+from ylock.owner import current_owner
 from ylock.waiting import DEFAULT_POLLING, Polling
 from ylock.watchdog import WATCHDOG
 
@@ -167,38 +168,68 @@ class Lock:
         hold = self._hold()
         return hold is not None and hold.lost
 
-    # -- the work ----------------------------------------------------------------------------------
+    # -- asyncio twins (the task is the owner) -------------------------------------------------
 
-    def _acquire(self, mode: str, timeout: Any, raise_on_timeout: bool) -> bool:
-        timeout = options.timeout(timeout)
-        owner = current_owner()
-        key = (self.engine, self.group, self.name, owner)
-        hold = _holds.get(key)
-        if hold is not None:
-            if hold.lost:
-                raise LockLost(f"this thread's hold was lost ({hold.lost_reason}); release it first",
-                               group=self.group, name=self.name)
-            if mode == WRITE:
-                if hold.writes:
-                    hold.writes += 1
-                    return True
-                raise LockUpgradeError("this thread holds the read lock; upgrading to write could deadlock, "
-                                       "release the read lock first", group=self.group, name=self.name)
-            if hold.reads:
-                hold.reads += 1
+    async def alock(self, timeout: float | None = DEFAULT) -> None:
+        """Acquire the write lock from an asyncio task (see :meth:`lock`); waiting costs no
+        thread, and a cancelled wait leaves the queue and holds nothing afterwards."""
+        await self._aacquire(WRITE, self.timeout if timeout is DEFAULT else timeout, True)
+
+    async def atry_lock(self, timeout: float | None = 0.0) -> bool:
+        """Acquire the write lock if it can be had within ``timeout``; return whether it was."""
+        return await self._aacquire(WRITE, timeout, False)
+
+    async def aunlock(self) -> None:
+        """Release one level of this task's write hold (see :meth:`unlock`); once started, the
+        release completes even if the task is cancelled."""
+        await self._arelease(WRITE)
+
+    async def arlock(self, timeout: float | None = DEFAULT) -> None:
+        """Acquire the read lock from an asyncio task (see :meth:`alock`)."""
+        await self._aacquire(READ, self.timeout if timeout is DEFAULT else timeout, True)
+
+    async def atry_rlock(self, timeout: float | None = 0.0) -> bool:
+        """Acquire the read lock if it can be had within ``timeout``; return whether it was."""
+        return await self._aacquire(READ, timeout, False)
+
+    async def arunlock(self) -> None:
+        """Release one level of this task's read hold."""
+        await self._arelease(READ)
+
+    # -- the work (shared by both worlds; only the engine call differs) ---------------------------
+
+    def _request(self, mode: str, owner: str, deadline: float | None) -> AcquireRequest:
+        return AcquireRequest(self.group, self.name, owner, mode, self.fair, self.lease, deadline, self.polling)
+
+    def _reenter(self, hold: Hold, mode: str) -> bool:
+        """Count a re-entry of this owner's hold without a round trip; return False when the
+        engine must be asked (a write holder downgrading to read)."""
+        if hold.lost:
+            raise LockLost(f"this owner's hold was lost ({hold.lost_reason}); release it first",
+                           group=self.group, name=self.name)
+        if mode == WRITE:
+            if hold.writes:
+                hold.writes += 1
                 return True
-            # Downgrade: a writer may always take the read lock too, without waiting.
-            if self._engine_acquire(mode, owner, time.monotonic()) is None:
-                raise LockLost("the server refused this write holder its downgrade to read: the write "
-                               "hold is gone", group=self.group, name=self.name)
-            hold.reads = 1
-            if HOLDS.renew_from(hold, READ, self.polling.waiter_lease / 3):
-                WATCHDOG.ensure_running()
+            raise LockUpgradeError("this owner holds the read lock; upgrading to write could deadlock, "
+                                   "release the read lock first", group=self.group, name=self.name)
+        if hold.reads:
+            hold.reads += 1
             return True
+        return False
 
-        started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
-        token = self._engine_acquire(mode, owner, deadline)
+    def _downgraded(self, hold: Hold, token: int | None) -> bool:
+        if token is None:
+            raise LockLost("the server refused this write holder its downgrade to read: the write "
+                           "hold is gone", group=self.group, name=self.name)
+        hold.reads = 1
+        if HOLDS.renew_from(hold, READ, self.polling.waiter_lease / 3):
+            WATCHDOG.ensure_running()
+        return True
+
+    def _taken(self, mode: str, owner: str, token: int | None, started: float, timeout: float | None,
+               raise_on_timeout: bool) -> bool:
+        """Record the engine's answer to a first acquisition (token, or None at the deadline)."""
         waited = time.monotonic() - started
         if token is None:
             events.publish(events.TIMED_OUT, self.group, self.name, self.engine.scheme, mode,
@@ -219,45 +250,97 @@ class Lock:
                        owner=owner, token=token, wait=waited)
         return True
 
-    def _engine_acquire(self, mode: str, owner: str, deadline: float | None) -> int | None:
-        request = AcquireRequest(self.group, self.name, owner, mode, self.fair, self.lease, deadline, self.polling)
-        return self.engine.acquire(request)
-
-    def _release(self, mode: str) -> None:
+    def _acquire(self, mode: str, timeout: Any, raise_on_timeout: bool) -> bool:
+        timeout = options.timeout(timeout)
         owner = current_owner()
-        key = (self.engine, self.group, self.name, owner)
-        hold = _holds.get(key)
+        hold = _holds.get((self.engine, self.group, self.name, owner))
+        if hold is not None:
+            # A writer may always take the read lock too (downgrade), without waiting.
+            return self._reenter(hold, mode) or self._downgraded(
+                hold, self.engine.acquire(self._request(mode, owner, time.monotonic())))
+        started = time.monotonic()
+        token = self.engine.acquire(self._request(mode, owner, None if timeout is None else started + timeout))
+        return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
+
+    async def _aacquire(self, mode: str, timeout: Any, raise_on_timeout: bool) -> bool:
+        timeout = options.timeout(timeout)
+        owner = current_owner()
+        hold = _holds.get((self.engine, self.group, self.name, owner))
+        if hold is not None:
+            return self._reenter(hold, mode) or self._downgraded(
+                hold, await self.engine.aacquire(self._request(mode, owner, time.monotonic())))
+        started = time.monotonic()
+        token = await self.engine.aacquire(self._request(mode, owner, None if timeout is None else started + timeout))
+        return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
+
+    def _leave(self, mode: str, owner: str) -> Hold | None:
+        """Count a release of this owner's hold; return the hold when this was the final
+        release of ``mode`` (the engine must release it), else None."""
+        hold = _holds.get((self.engine, self.group, self.name, owner))
         count = 0 if hold is None else (hold.writes if mode == WRITE else hold.reads)
         if hold is None or count == 0:
-            raise LockNotOwned(f"this thread does not hold the {mode} lock", group=self.group, name=self.name)
-        if count > 1:
-            if mode == WRITE:
-                hold.writes -= 1
-            else:
-                hold.reads -= 1
-            return
+            raise LockNotOwned(f"this owner does not hold the {mode} lock", group=self.group, name=self.name)
         if mode == WRITE:
-            hold.writes = 0
+            hold.writes -= 1
         else:
-            hold.reads = 0
-        finished = not hold.writes and not hold.reads
-        if finished:
+            hold.reads -= 1
+        if count > 1:
+            return None
+        if not hold.writes and not hold.reads:
             HOLDS.remove(hold)
         else:
             HOLDS.stop_renewing(hold, mode)
+        return hold
+
+    def _left(self, hold: Hold, mode: str, started: float, still_held: bool | None) -> None:
+        """Publish the release; raise LockLost if the hold had been lost meanwhile."""
+        ended = time.monotonic()
+        finished = not hold.writes and not hold.reads
+        events.publish(events.RELEASED, self.group, self.name, self.engine.scheme, mode, owner=hold.owner,
+                       token=hold.token, hold=(ended - hold.started) if finished else None, release=ended - started)
+        if still_held is not None and (hold.lost or not still_held):
+            HOLDS.lose(hold, "the server no longer had this hold at release")
+            raise LockLost(f"the {mode} lock's lease was lost before release ({hold.lost_reason}); "
+                           "another owner may have held it meanwhile", group=self.group, name=self.name)
+
+    def _release(self, mode: str) -> None:
+        owner = current_owner()
+        hold = self._leave(mode, owner)
+        if hold is None:
+            return
         started = time.monotonic()
         still_held: bool | None = None
         try:
             still_held = self.engine.release(self.group, self.name, owner, mode)
         finally:
-            ended = time.monotonic()
-            events.publish(events.RELEASED, self.group, self.name, self.engine.scheme, mode, owner=owner,
-                           token=hold.token, hold=(ended - hold.started) if finished else None,
-                           release=ended - started)
-        if hold.lost or not still_held:
-            HOLDS.lose(hold, "the server no longer had this hold at release")
-            raise LockLost(f"the {mode} lock's lease was lost before release ({hold.lost_reason}); "
-                           "another owner may have held it meanwhile", group=self.group, name=self.name)
+            self._left(hold, mode, started, still_held)
+
+    async def _arelease(self, mode: str) -> None:
+        owner = current_owner()
+        hold = self._leave(mode, owner)
+        if hold is None:
+            return
+        started = time.monotonic()
+        # Once started, a release completes even if this task is cancelled meanwhile.
+        release = asyncio.ensure_future(self.engine.arelease(self.group, self.name, owner, mode))
+        still_held: bool | None = None
+        try:
+            still_held = await asyncio.shield(release)
+        except asyncio.CancelledError:
+            release.add_done_callback(lambda done: _quietly(self._left, hold, mode, started, _result(done)))
+            raise
+        finally:
+            if release.done() and not release.cancelled():
+                self._left(hold, mode, started, still_held)
+
+
+def _result(task: asyncio.Future[bool]) -> bool | None:
+    return None if task.cancelled() or task.exception() is not None else task.result()
+
+
+def _quietly(func: Callable[..., Any], *args: Any) -> None:
+    with contextlib.suppress(LockLost):
+        func(*args)
 
 
 class Guard:
@@ -265,8 +348,8 @@ class Guard:
 
     As a decorator it works on plain functions and on coroutine functions. In a coroutine
     (and with ``async with``) the owner is the asyncio task, so two tasks exclude each
-    other and one task may re-enter; the blocking acquire and release run in a worker
-    thread, so the event loop keeps running while it waits.
+    other and one task may re-enter; the lock's asyncio verbs wait without a thread, and a
+    task cancelled while it waits (or inside the block) leaves nothing held.
     """
 
     __slots__ = ("_lock", "_mode", "_timeout")
@@ -284,15 +367,12 @@ class Guard:
                  tb: TracebackType | None) -> None:
         self._lock._release(self._mode)
 
-    # In asyncio the owner is the task (see ylock.owner.task_owner): the blocking calls
-    # run in a worker thread, on behalf of the task that awaits them.
-
     async def __aenter__(self) -> Lock:
-        await asyncio.to_thread(run_as, task_owner(), self._lock._acquire, self._mode, self._timeout, True)
+        await self._lock._aacquire(self._mode, self._timeout, True)
         return self._lock
 
     async def __aexit__(self, *exc: object) -> None:
-        await asyncio.to_thread(run_as, task_owner(), self._lock._release, self._mode)
+        await self._lock._arelease(self._mode)
 
     def __call__(self, func: F) -> F:
         if inspect.iscoroutinefunction(func):
@@ -358,6 +438,30 @@ class Locks:
     def read(self, name: str, timeout: float | None = DEFAULT) -> Guard:
         """Return a context manager holding the read lock of ``name``."""
         return self[name].read(timeout)
+
+    async def alock(self, name: str, timeout: float | None = DEFAULT) -> None:
+        """Acquire the write lock of ``name`` from an asyncio task (see :meth:`Lock.alock`)."""
+        await self[name].alock(timeout)
+
+    async def atry_lock(self, name: str, timeout: float | None = 0.0) -> bool:
+        """Try the write lock of ``name`` from an asyncio task."""
+        return await self[name].atry_lock(timeout)
+
+    async def aunlock(self, name: str) -> None:
+        """Release the write lock of ``name`` from an asyncio task."""
+        await self[name].aunlock()
+
+    async def arlock(self, name: str, timeout: float | None = DEFAULT) -> None:
+        """Acquire the read lock of ``name`` from an asyncio task."""
+        await self[name].arlock(timeout)
+
+    async def atry_rlock(self, name: str, timeout: float | None = 0.0) -> bool:
+        """Try the read lock of ``name`` from an asyncio task."""
+        return await self[name].atry_rlock(timeout)
+
+    async def arunlock(self, name: str) -> None:
+        """Release the read lock of ``name`` from an asyncio task."""
+        await self[name].arunlock()
 
     def held(self, name: str, mode: str | None = None) -> bool:
         """Return True if this thread holds the lock of ``name``."""

@@ -1,9 +1,10 @@
 """Who holds a lock: a globally unique owner id per thread, or per explicit owner scope.
 
-Ownership is per thread, like Java's ReentrantReadWriteLock. Code that moves between
-threads (asyncio tasks that run blocking calls in a thread pool, ``sync_to_async``)
-opens an :func:`owner_scope`: the id travels with the context, so the acquire and the
-release may run on different threads and still be the same owner.
+Ownership is per thread, like Java's ReentrantReadWriteLock, and per task in asyncio
+(the lock calls made by a running task belong to that task, whatever its thread). Code
+that moves between threads on its own (a thread pool, ``sync_to_async``) opens an
+:func:`owner_scope`: the id travels with the context, so the acquire and the release may
+run on different threads and still be the same owner.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 _scoped: ContextVar[str | None] = ContextVar("ylock_owner", default=None)
+_running_loop = asyncio._get_running_loop   # the C function: None outside a running loop, and cheap
 _local = threading.local()
 _ids = itertools.count(1)
 # Owner ids of asyncio tasks. Not a context variable: tasks copy their parent's context,
@@ -40,10 +42,18 @@ def new_owner() -> str:
 
 
 def current_owner() -> str:
-    """Return the owner id of the calling context: its owner scope, else its thread."""
+    """Return the owner id of the calling context: its owner scope if it has one, else the
+    running asyncio task, else the thread."""
     scoped = _scoped.get()
     if scoped is not None:
         return scoped
+    if _running_loop() is not None:
+        task = asyncio.current_task()
+        if task is not None:
+            owner = _task_owners.get(task)
+            if owner is None:
+                owner = _task_owners[task] = new_owner()
+            return owner
     try:
         return _local.owner  # type: ignore[no-any-return]
     except AttributeError:
@@ -51,22 +61,8 @@ def current_owner() -> str:
         return owner
 
 
-def task_owner() -> str:
-    """Return the owner id of the running asyncio task (its owner scope if it has one,
-    else an id of its own); outside a task, the thread's."""
-    scoped = _scoped.get()
-    if scoped is not None:
-        return scoped
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    if task is None:
-        return current_owner()
-    owner = _task_owners.get(task)
-    if owner is None:
-        owner = _task_owners[task] = new_owner()
-    return owner
+#: The owner id of the running task (or scope, or thread): :func:`current_owner`.
+task_owner = current_owner
 
 
 def run_as(owner: str, func: Callable[..., object], *args: object) -> object:

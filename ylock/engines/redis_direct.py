@@ -101,3 +101,144 @@ def _connect(conn: Any, left: float | None) -> None:
         raise rex.ConnectionError(f"the server refused to set up the connection: {exc}") from exc
     finally:
         conn.socket_connect_timeout, conn.socket_timeout = saved
+
+
+class AsyncDirectCalls:
+    """:class:`DirectCalls` for asyncio (``redis.asyncio``'s connections of one event loop):
+    the same free list, one reconnection, an error reply keeping the connection, a call
+    bounded by its ``timeout``. A call cancelled or timed out mid-reply disconnects its
+    connection, so no late reply is ever read by the next call."""
+
+    __slots__ = ("pool", "idle")
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.idle: list[Any] = []
+
+    async def __call__(self, *args: Any, timeout: float | None = None) -> Any:
+        idle = self.idle
+        try:
+            conn = idle.pop()
+        except IndexError:
+            conn = await self._connection()
+        end = None if timeout is None else time.monotonic() + timeout
+        try:
+            try:
+                await conn.send_command(*args, check_health=False)
+                reply = await conn.read_response(timeout=_left(end))
+            except rex.ConnectionError:
+                await conn.disconnect(nowait=True)
+                await conn.send_command(*args, check_health=False)   # connects anew, once
+                reply = await conn.read_response(timeout=_left(end))
+        except rex.ResponseError:
+            idle.append(conn)
+            raise
+        except BaseException:
+            await conn.disconnect(nowait=True)
+            idle.append(conn)
+            raise
+        idle.append(conn)
+        return reply
+
+    async def _connection(self) -> Any:
+        try:
+            return await self.pool.get_connection()
+        except rex.ResponseError as exc:
+            raise rex.ConnectionError(f"the server refused to set up the connection: {exc}") from exc
+
+
+def _left(end: float | None) -> float | None:
+    if end is None:
+        return None
+    left = end - time.monotonic()
+    if left <= 0:
+        raise rex.TimeoutError("no time left for the call")
+    return left
+
+
+class NotifyHub:
+    """Where the asyncio waiters of one event loop wait for their grants: one connection
+    blocked in one ``BLPOP`` over every waiting task's notify list, instead of a connection
+    (and a file descriptor) per waiting task. A task that starts waiting while the hub is
+    blocked has it unblocked (``CLIENT UNBLOCK`` from another connection: the new key is
+    watched at once; a grant pushed meanwhile stays in its list until then). A grant popped
+    for a task that stopped waiting is dropped: the grant lives in the lock's own keys,
+    which that task's next try reads, so the notification is only a wake-up."""
+
+    #: Seconds a BLPOP blocks before it is sent again (a safety net, not a poll).
+    BLOCK = 5.0
+
+    def __init__(self, pool: Any, calls: AsyncDirectCalls) -> None:
+        import asyncio
+
+        self._asyncio = asyncio
+        self.pool = pool
+        self.calls = calls
+        self.waiting: dict[str, Any] = {}          # notify key -> future of the task waiting on it
+        self._task: Any = None
+        self._conn: Any = None
+        self._client_id: int | None = None
+        self._blocking: set[str] = set()           # the keys of the BLPOP in flight
+        self._unblocking = False
+        self._block = self.BLOCK
+
+    async def wait(self, key: str, timeout: float) -> Any:
+        """Wait up to ``timeout`` s for a value pushed to ``key``; return it, or None."""
+        loop = self._asyncio.get_running_loop()
+        future = loop.create_future()
+        self.waiting[key] = future
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run())
+        elif key not in self._blocking and not self._unblocking:
+            self._unblocking = True
+            loop.call_soon(self._unblock)            # once per loop turn, however many joined
+        try:
+            return await self._asyncio.wait_for(self._asyncio.shield(future), timeout)
+        except self._asyncio.TimeoutError:
+            return None
+        finally:
+            if self.waiting.get(key) is future:
+                del self.waiting[key]
+
+    def _unblock(self) -> None:
+        self._unblocking = False
+        if self._client_id is not None and self._blocking:
+            task = self._asyncio.get_running_loop().create_task(self._send_unblock(self._client_id))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _send_unblock(self, client_id: int) -> None:
+        try:
+            await self.calls("CLIENT", "UNBLOCK", client_id, timeout=2.0)
+        except rex.ResponseError:
+            self._block = 0.05          # no permission to unblock (ACL): block briefly instead
+
+    async def _run(self) -> None:
+        try:
+            while self.waiting:
+                if self._conn is None:
+                    self._conn = await self.pool.get_connection()
+                    await self._conn.send_command("CLIENT", "ID", check_health=False)
+                    self._client_id = int(await self._conn.read_response(timeout=5.0))
+                keys = list(self.waiting)
+                self._blocking = set(keys)
+                try:
+                    await self._conn.send_command("BLPOP", *keys, self._block, check_health=False)
+                    reply = await self._conn.read_response(timeout=self._block + 5.0)
+                finally:
+                    self._blocking = set()
+                if reply:
+                    key = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
+                    future = self.waiting.pop(key, None)
+                    if future is not None and not future.done():
+                        future.set_result(reply)
+        except Exception:  # noqa: BLE001 - the waiters poll on; the next wait starts a new hub task
+            if self._conn is not None:
+                await self._conn.disconnect(nowait=True)
+                self._conn, self._client_id = None, None
+            for future in list(self.waiting.values()):
+                if not future.done():
+                    future.set_result(None)
+        finally:
+            if self._conn is not None and not self.waiting:
+                conn, self._conn, self._client_id = self._conn, None, None
+                await self.pool.release(conn)

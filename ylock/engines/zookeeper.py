@@ -61,7 +61,6 @@ lock name, also after its parent was deleted.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import threading
@@ -89,7 +88,19 @@ from kazoo.retry import KazooRetry
 
 from ylock import events
 from ylock import options as opt
-from ylock.engines.base import READ, WRITE, Abandon, AcquireRequest, Engine, LockInfo, Steps, arun_steps, run_steps
+from ylock.engines.base import (
+    READ,
+    WRITE,
+    Abandon,
+    AcquireRequest,
+    Engine,
+    LockInfo,
+    Mailbox,
+    Steps,
+    arun_steps,
+    run_steps,
+    settle,
+)
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
 from ylock.holds import HOLDS
 
@@ -100,67 +111,6 @@ _UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, Oper
 #: Errors a request's result may carry that the protocol handles itself.
 _ANSWERS = (NoNodeError, NodeExistsError, NotEmptyError, BadVersionError)
 _LETTER = {WRITE: "w", READ: "r"}
-
-
-class _Mailbox:
-    """Watch events for one waiting acquisition, handed from kazoo's thread to the owner,
-    whether it waits in a thread or in an asyncio task (no thread of its own)."""
-
-    __slots__ = ("_events", "_ready", "_future", "_loop")
-
-    def __init__(self) -> None:
-        self._events: collections.deque[Any] = collections.deque()
-        self._ready = threading.Event()
-        self._future: asyncio.Future[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def put(self, event: Any) -> None:
-        self._events.append(event)
-        self._ready.set()
-        loop, future = self._loop, self._future
-        if loop is not None and future is not None:
-            loop.call_soon_threadsafe(_settle, future, None, None)
-
-    def take(self) -> Any:
-        try:
-            event = self._events.popleft()
-        except IndexError:
-            return None
-        if not self._events:
-            self._ready.clear()
-            if self._events:          # one arrived between the pop and the clear
-                self._ready.set()
-        return event
-
-    def wait(self, timeout: float | None) -> Any:
-        event = self.take()
-        if event is None and self._ready.wait(timeout):
-            event = self.take()
-        return event
-
-    async def await_(self, timeout: float | None) -> Any:
-        event = self.take()
-        if event is not None:
-            return event
-        self._loop = asyncio.get_running_loop()
-        self._future = self._loop.create_future()
-        if self._events:              # arrived before the future was visible to put()
-            return self.take()
-        try:
-            await asyncio.wait_for(self._future, timeout)
-        except asyncio.TimeoutError:
-            return None
-        finally:
-            self._future = None
-        return self.take()
-
-
-def _settle(future: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
-    if not future.done():
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(value)
 
 
 class _Claim:
@@ -177,7 +127,7 @@ class _Claim:
         self.mode = mode
         self.node: str | None = None           # the full path of our node, once created
         self.token = 0
-        self.mailbox = _Mailbox()
+        self.mailbox = Mailbox()
         self.held = False
         self.lost = False
         self.released = False
@@ -291,7 +241,7 @@ class ZooKeeperEngine(Engine):
             with self._mutex:
                 waiters, self._connect_waiters = self._connect_waiters, []
             for loop, future in waiters:
-                loop.call_soon_threadsafe(_settle, future, None, None)
+                loop.call_soon_threadsafe(settle, future, None, None)
             self._wake_keeper()
         else:
             self._connected.clear()
@@ -970,9 +920,9 @@ def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], resul
     try:
         value = result.get_nowait()
     except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
-        loop.call_soon_threadsafe(_settle, future, None, exc)
+        loop.call_soon_threadsafe(settle, future, None, exc)
     else:
-        loop.call_soon_threadsafe(_settle, future, value, None)
+        loop.call_soon_threadsafe(settle, future, value, None)
 
 
 class _OncePerMinute(logging.Filter):

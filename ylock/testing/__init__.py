@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,9 +44,12 @@ class ServerProcess:
         raise NotImplementedError
 
     def pause(self) -> None:
-        """Freeze the server (SIGSTOP): it accepts connections but never answers."""
+        """Freeze the server (SIGSTOP): it accepts connections but never answers. Return once
+        every thread of it has stopped (the signal is asynchronous: right after kill()
+        returns, a thread still running on another CPU can answer a request sent meanwhile)."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
+        _wait_stopped(self.proc.pid)
 
     def resume(self) -> None:
         assert self.proc is not None
@@ -70,3 +74,24 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Wait until every thread of process ``pid`` is stopped (Linux: /proc; elsewhere, return)."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for task in tasks.iterdir():
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:         # the thread has exited
+                continue
+            states.append(stat[stat.rindex(")") + 2])     # the field after "(command name)"
+        if all(state in "tTZX" for state in states):
+            return
+        if time.monotonic() > deadline:
+            raise ServerError(f"process {pid} did not stop on SIGSTOP (thread states {states})")
+        time.sleep(0.001)

@@ -24,13 +24,21 @@ def _binary(name: str) -> str:
 
 
 class RedisServer(ServerProcess):
-    """One ``redis-server`` on 127.0.0.1 at a free port, in its own directory."""
+    """One ``redis-server`` on 127.0.0.1 at a free port, in its own directory.
+
+    By default it keeps its data in memory only: a :meth:`restart` starts empty. With
+    ``persistent=True`` it logs every write to an append-only file, fsynced before the
+    reply is sent (``appendonly yes``, ``appendfsync always``), and loads it on start: a
+    restart, even after the SIGKILL that :meth:`stop` sends, keeps every acknowledged
+    write; only a write whose reply the client never got may be lost (or kept).
+    """
 
     def __init__(self, *extra: str, port: int | None = None, directory: str | None = None,
-                 password: str | None = None) -> None:
+                 password: str | None = None, persistent: bool = False) -> None:
         self.port = port or 0
         self.extra = extra
         self.password = password
+        self.persistent = persistent
         self.dir = Path(directory or tempfile.mkdtemp(prefix="ylock-redis-"))
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -48,8 +56,10 @@ class RedisServer(ServerProcess):
         for _ in range(attempts):
             if not self.port or self.proc is not None:
                 self.port = free_port()
+            durability = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else \
+                ["--appendonly", "no"]
             args = [_binary("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1",
-                    "--save", "", "--appendonly", "no", "--dir", str(self.dir),
+                    "--save", "", *durability, "--dir", str(self.dir),
                     "--logfile", str(self.log), "--daemonize", "no", *self.extra]
             if self.password:
                 args += ["--requirepass", self.password]
@@ -59,19 +69,21 @@ class RedisServer(ServerProcess):
             self.stop()
         raise ServerError(f"redis-server did not start; last log:\n{self.read_log()}")
 
-    def restart(self) -> None:
-        """Stop and start again on the same port (data is not kept)."""
+    def restart(self, down: float = 0.0) -> None:
+        """Kill the server (SIGKILL), stay down ``down`` seconds, start it again on the same
+        port and directory, and wait until it serves. The data is kept only if the server
+        is ``persistent``."""
         self.stop()
+        if down > 0:
+            time.sleep(down)        # the outage itself
         for _ in range(50):
-            self.proc = None
-            port = self.port
+            self.proc = None        # so that start() keeps the port
             try:
                 self.start(attempts=1)
-                if self.port == port:
-                    return
-            except ServerError:
+                return
+            except ServerError:     # the port is still taken: try it again
                 time.sleep(0.1)
-        raise ServerError(f"redis-server could not restart on port {self.port}")
+        raise ServerError(f"redis-server could not restart on port {self.port}:\n{self.read_log()}")
 
     def _wait_ready(self, timeout: float = 10.0) -> bool:
         import redis

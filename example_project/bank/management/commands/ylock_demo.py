@@ -16,7 +16,7 @@ import django_ylock
 
 
 def _worker(path: str, requests: int, start: Any) -> float:
-    """Run in a spawned process: set Django up, wait for the start signal, post."""
+    """Run in a spawned process: set Django up, meet the others at the start line, post."""
     import django
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))))
@@ -26,7 +26,7 @@ def _worker(path: str, requests: int, start: Any) -> float:
 
     client = Client()
     client.get("/accounts/1/balance")          # connect (and start the embedded Redis) before timing
-    start.wait()
+    start.wait()                               # every worker ready, and the parent: all go at once
     began = time.perf_counter()
     for _ in range(requests):
         response = client.post(path)
@@ -60,12 +60,11 @@ class Command(BaseCommand):
                             ("with ylock", "/accounts/1/deposit")):
             Account.objects.update_or_create(pk=1, defaults={"balance": 0})
             ctx = multiprocessing.get_context("spawn")
-            start = ctx.Manager().Event()
+            start = ctx.Manager().Barrier(workers + 1)
             with ctx.Pool(workers) as pool:
                 pending = [pool.apply_async(_worker, (path, requests, start)) for _ in range(workers)]
-                time.sleep(0.2)
+                start.wait(timeout=300)
                 began = time.perf_counter()
-                start.set()
                 for p in pending:
                     p.get(timeout=600)
                 elapsed = time.perf_counter() - began
