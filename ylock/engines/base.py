@@ -168,6 +168,18 @@ class Engine(abc.ABC):
     def force_release(self, group: str, name: str) -> bool:
         """Drop every holder and waiter of a lock; return True if there was anything."""
 
+    # -- the deployment's statistics -------------------------------------------------------
+
+    def publish_stats(self, process: str, data: bytes, ttl: float) -> None:
+        """Store this process's statistics (``data``, opaque) under ``process`` for ``ttl``
+        seconds, so that a command line in another process can read every worker's
+        (:meth:`read_stats`). Each engine keeps them on its server; the local engine in memory."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no statistics")
+
+    def read_stats(self) -> dict[str, bytes]:
+        """Return every process's statistics still within their ``ttl``, by process."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no statistics")
+
     def ping(self) -> None:
         """Raise :class:`ylock.EngineUnavailable` unless the server answers."""
 

@@ -136,6 +136,7 @@ class LocalEngine(Engine):
         super().__init__()
         self._mutex = threading.Lock()
         self._states: dict[tuple[str, str], _State] = {}
+        self._stats: dict[str, tuple[bytes, float]] = {}
 
     def url_for_display(self) -> str:
         return "local://"
@@ -277,6 +278,15 @@ class LocalEngine(Engine):
                                       None if until is None else max(0.0, until - now),
                                       state.last_token if owners else None))
         return infos
+
+    def publish_stats(self, process: str, data: bytes, ttl: float) -> None:
+        with self._mutex:
+            self._stats[process] = (data, time.monotonic() + ttl)
+
+    def read_stats(self) -> dict[str, bytes]:
+        now = time.monotonic()
+        with self._mutex:
+            return {p: d for p, (d, until) in self._stats.items() if until > now}
 
     def force_release(self, group: str, name: str) -> bool:
         with self._mutex:

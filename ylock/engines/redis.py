@@ -516,6 +516,22 @@ class RedisEngine(Engine):
             return LockInfo(group, name, "read", owners, waiters, ttl, token)
         return LockInfo(group, name, None, (), waiters, None, None)
 
+    def publish_stats(self, process: str, data: bytes, ttl: float) -> None:
+        with self._errors():
+            self.client.set(f"{self.prefix}:stats:{process}", data, px=max(1, int(ttl * 1000)))
+
+    def read_stats(self) -> dict[str, bytes]:
+        start = len(self.prefix) + len(":stats:")
+        with self._errors():
+            keys = list(self._scan(f"{_glob_escape(self.prefix)}:stats:*"))
+            if not keys:
+                return {}
+            if self.kind == "redis+cluster":
+                values = [self.client.get(k) for k in keys]
+            else:
+                values = self.client.mget(keys)
+        return {k[start:]: v for k, v in zip(keys, values) if v is not None}
+
     def force_release(self, group: str, name: str) -> bool:
         base = self._base(group, name)
         with self._errors(group, name):

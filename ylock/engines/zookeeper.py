@@ -866,6 +866,40 @@ class ZooKeeperEngine(Engine):
         return LockInfo(group, name, holders[0][0], tuple(h[1] for h in holders), waiters, None,
                         max(h[2] for h in holders))
 
+    def publish_stats(self, process: str, data: bytes, ttl: float) -> None:
+        # An ephemeral node per process under ":stats" (never a group: groups hold no ":"):
+        # it goes with the process's session; the ttl is kept
+        # in the data (read_stats skips what is older), as ZooKeeper has no expiry of its own.
+        path = f"{self.root}/:stats/{_escape(process)}"
+        stamped = f"{time.time() + ttl:.3f}\n".encode() + data
+
+        def put(call: Callable[..., Any]) -> None:
+            try:
+                call("set", path, stamped)
+            except NoNodeError:
+                self._kazoo().create_async(path, stamped, ephemeral=True, makepath=True).get(
+                    timeout=self.connect_timeout)
+        self._sync(put)
+
+    def read_stats(self) -> dict[str, bytes]:
+        def look(call: Callable[..., Any]) -> dict[str, bytes]:
+            try:
+                children = call("children", f"{self.root}/:stats", None)
+            except NoNodeError:
+                return {}
+            out = {}
+            now = time.time()
+            for child in children:
+                try:
+                    data, _ = call("get", f"{self.root}/:stats/{child}", None)
+                except NoNodeError:
+                    continue
+                until, _, body = data.partition(b"\n")
+                if float(until or 0) > now:
+                    out[_unescape(child)] = body
+            return out
+        return self._sync(look)  # type: ignore[no-any-return]
+
     def force_release(self, group: str, name: str) -> bool:
         lockpath = self._lockpath(group, name)
 
