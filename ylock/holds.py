@@ -28,13 +28,16 @@ from ylock import events
 
 
 class Engine(Protocol):
-    """What the table and its renewal thread need of an engine (:class:`ylock.Engine` has
-    it): its name, whether its holds expire unless renewed, and how to renew them."""
+    """What the table, its renewal thread and the exit hook need of an engine
+    (:class:`ylock.Engine` has it): its name, whether its holds expire unless renewed, how to
+    renew them, and how to release one."""
 
     scheme: ClassVar[str]
     needs_renewal: ClassVar[bool]
 
     def renew(self, items: Sequence[RenewItem]) -> list[bool | None]: ...
+
+    def release(self, group: str, name: str, owner: str, mode: str) -> bool: ...
 
 #: The two modes of a hold: exclusive and shared.
 WRITE = "write"

@@ -18,9 +18,11 @@ doing that would wait for each other forever.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import inspect
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 F = TypeVar("F", bound=Callable[..., Any])
+logger = logging.getLogger(__name__)
 
 #: Sentinel: "use the lock's default timeout".
 DEFAULT: Any = object()
@@ -332,6 +335,35 @@ class Lock:
         finally:
             if release.done() and not release.cancelled():
                 self._left(hold, mode, started, still_held)
+
+
+#: Seconds the interpreter's exit may spend releasing what this process still holds.
+EXIT_BUDGET = 3.0
+
+
+def release_all(budget: float = EXIT_BUDGET) -> int:
+    """Release every hold this process still has (all its owners, every mode), within
+    ``budget`` seconds; return how many engine releases were made. Run at interpreter exit,
+    so that a worker that exits normally (gunicorn's ``max_requests``, ``sys.exit``, the end
+    of a management command) frees its locks at once instead of after their lease. A crash
+    (SIGKILL) still costs the lease."""
+    deadline = time.monotonic() + budget
+    released = 0
+    for hold in HOLDS.holds():
+        HOLDS.remove(hold)
+        for mode, count in ((READ, hold.reads), (WRITE, hold.writes)):
+            if not count or time.monotonic() >= deadline:
+                continue
+            hold.reads, hold.writes = (0, hold.writes) if mode == READ else (0, 0)
+            try:
+                hold.engine.release(hold.group, hold.name, hold.owner, mode)
+                released += 1
+            except Exception as exc:  # noqa: BLE001 - at exit: its lease frees it
+                logger.warning("ylock: could not release %s/%s at exit: %s", hold.group, hold.name, exc)
+    return released
+
+
+atexit.register(release_all)
 
 
 def _result(task: asyncio.Future[bool]) -> bool | None:
