@@ -20,7 +20,8 @@ from ylock.errors import (
     LockUpgradeError,
 )
 from ylock.holds import HOLDS
-from ylock.lock import DEFAULT, Guard, Lock, Locks
+from ylock.lock import DEFAULT, Guard, Lock, Locks, Semaphore, Semaphores
+from ylock.multi import all_of
 from ylock.owner import current_owner, owner_scope, run_as
 from ylock.waiting import Polling
 from ylock.watchdog import WATCHDOG
@@ -28,7 +29,8 @@ from ylock.watchdog import WATCHDOG
 __version__ = "0.1.0"
 
 __all__ = [
-    "Lock", "Locks", "Guard", "Engine", "LockInfo", "AcquireRequest", "RenewItem", "Polling",
+    "Lock", "Locks", "Semaphore", "Semaphores", "Guard", "all_of",
+    "Engine", "LockInfo", "AcquireRequest", "RenewItem", "Polling",
     "READ", "WRITE", "DEFAULT", "engine_from_url", "engine_from_path", "current_owner", "owner_scope", "run_as",
     "events", "WATCHDOG", "HOLDS",
     "LockError", "LockTimeout", "LockNotOwned", "LockLost", "LockUpgradeError",

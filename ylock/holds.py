@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import ClassVar, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from ylock import events
 
@@ -39,12 +39,18 @@ class Engine(Protocol):
 
     def release(self, group: str, name: str, owner: str, mode: str) -> bool: ...
 
-#: The two modes of a hold: exclusive and shared.
+#: The modes of a hold: a lock's exclusive and shared modes, and a semaphore's permit.
 WRITE = "write"
 READ = "read"
+PERMIT = "permit"
 MODES = (WRITE, READ)
+#: What a hold is of.
+LOCK = "lock"
+SEMAPHORE = "semaphore"
 
-HoldKey = tuple[Engine, str, str, str]   # (engine, group, name, owner)
+#: (engine, group, name, owner) for a lock; (engine, group, name, owner, "semaphore") for a
+#: semaphore of the same name, which is another thing altogether.
+HoldKey = tuple[Any, ...]
 
 
 class RenewItem(NamedTuple):
@@ -69,12 +75,15 @@ class Renewal:
 
 
 class Hold:
-    """One owner's hold of one lock: reentry counts per mode, token, lost flag, renewals."""
+    """One owner's hold of one lock (or semaphore): reentry counts per mode (a semaphore's
+    permits count as ``reads``), token, lost flag, renewals."""
 
     __slots__ = ("engine", "group", "name", "owner", "lease", "writes", "reads", "token",
-                 "started", "lost", "lost_reason", "renewals", "_lost_published")
+                 "started", "lost", "lost_reason", "renewals", "kind", "_lost_published")
 
-    def __init__(self, engine: Engine, group: str, name: str, owner: str, lease: float, token: int) -> None:
+    def __init__(self, engine: Engine, group: str, name: str, owner: str, lease: float, token: int,
+                 kind: str = LOCK) -> None:
+        self.kind = kind
         self.engine = engine
         self.group = group
         self.name = name
@@ -91,12 +100,23 @@ class Hold:
 
     @property
     def key(self) -> HoldKey:
-        return (self.engine, self.group, self.name, self.owner)
+        if self.kind == LOCK:
+            return (self.engine, self.group, self.name, self.owner)
+        return (self.engine, self.group, self.name, self.owner, self.kind)
 
     @property
     def mode(self) -> str:
-        """The strongest mode held: "write" while any write level is held, else "read"."""
+        """The strongest mode held: "write" while any write level is held, else "read"
+        ("permit" for a semaphore)."""
+        if self.kind == SEMAPHORE:
+            return PERMIT
         return WRITE if self.writes else READ
+
+    def held_modes(self) -> list[tuple[str, int]]:
+        """The modes held, with their counts, the weakest first (how to release them all)."""
+        if self.kind == SEMAPHORE:
+            return [(PERMIT, self.reads)] if self.reads else []
+        return [(m, c) for m, c in ((READ, self.reads), (WRITE, self.writes)) if c]
 
     def __repr__(self) -> str:
         return f"<Hold {self.group}/{self.name} {self.mode} by {self.owner} token={self.token}>"
@@ -178,13 +198,13 @@ class HoldTable:
     # -- loss --------------------------------------------------------------------------
 
     def mark_lost(self, engine: Engine, group: str | None = None, name: str | None = None,
-                  owner: str | None = None, detail: str = "") -> int:
+                  owner: str | None = None, detail: str = "", kind: str | None = None) -> int:
         """Mark every matching live hold of ``engine`` lost (a ZooKeeper session expired, a
         lock node was deleted, a renewal found another owner); return how many."""
         with self.changed:
             victims = [h for h in self.by_key.values() if h.engine is engine and not h.lost
                        and (group is None or h.group == group) and (name is None or h.name == name)
-                       and (owner is None or h.owner == owner)]
+                       and (owner is None or h.owner == owner) and (kind is None or h.kind == kind)]
             for hold in victims:
                 hold.renewals.clear()
         for hold in victims:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ylock import events, options
 from ylock.engines.base import READ, WRITE, AcquireRequest, Engine
 from ylock.errors import LockLost, LockNotOwned, LockTimeout, LockUpgradeError
-from ylock.holds import HOLDS, Hold
+from ylock.holds import HOLDS, LOCK, PERMIT, SEMAPHORE, Hold
 from ylock.names import check_group, check_name
 from ylock.owner import current_owner
 from ylock.waiting import DEFAULT_POLLING, Polling
@@ -60,7 +60,198 @@ def _validated(engine: Engine, fair: bool, lease: float, polling: Polling | None
             options.timeout(timeout))
 
 
-class Lock:
+class _Holding:
+    """What a :class:`Lock` and a :class:`Semaphore` share: options, the owner's hold
+    (reentrancy counted here, never on the server), events, and the calls to the engine,
+    blocking or asyncio. Only first acquisitions and final releases reach the engine."""
+
+    __slots__ = ("engine", "group", "name", "fair", "lease", "polling", "timeout")
+    #: What this is of, for the hold table ("lock" or "semaphore").
+    kind = LOCK
+    #: The number of permits (a semaphore's; 0 for a lock).
+    permits = 0
+
+    def __init__(self, engine: Engine, group: str, name: str = "global", *, fair: bool = True,
+                 lease: float = 30.0, polling: Polling | None = None, timeout: float | None = None) -> None:
+        self.engine, self.fair, self.lease, self.polling, self.timeout = \
+            _validated(engine, fair, lease, polling, timeout)
+        self.group = check_group(group)
+        self.name = check_name(name)
+
+    def _key(self, owner: str) -> tuple[Any, ...]:
+        return (self.engine, self.group, self.name, owner)
+
+    # -- state of this thread's hold -----------------------------------------------------------
+
+    def _hold(self) -> Hold | None:
+        return _holds.get(self._key(current_owner()))
+
+    def _what(self, mode: str) -> str:
+        return f"the {mode} lock"
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of this thread's hold, or None if it holds nothing."""
+        hold = self._hold()
+        return None if hold is None else hold.token
+
+    def held(self, mode: str | None = None) -> bool:
+        """Return True if this thread holds the lock (in ``mode``, if given)."""
+        hold = self._hold()
+        if hold is None:
+            return False
+        if mode is None:
+            return True
+        if mode not in (WRITE, READ):
+            raise ValueError(f"mode must be 'write' or 'read', got {mode!r}")
+        return bool(hold.writes if mode == WRITE else hold.reads)
+
+    @property
+    def lost(self) -> bool:
+        """True once this thread's hold could not be renewed (it may be someone else's now)."""
+        hold = self._hold()
+        return hold is not None and hold.lost
+
+    # -- the work (shared by both worlds; only the engine call differs) ---------------------------
+
+    def _request(self, mode: str, owner: str, deadline: float | None) -> AcquireRequest:
+        return AcquireRequest(self.group, self.name, owner, mode, self.fair, self.lease, deadline, self.polling,
+                              self.permits)
+
+    def _reenter(self, hold: Hold, mode: str) -> bool:
+        """Count a re-entry of this owner's hold without a round trip; return False when the
+        engine must be asked (a write holder downgrading to read)."""
+        if hold.lost:
+            raise LockLost(f"this owner's hold was lost ({hold.lost_reason}); release it first",
+                           group=self.group, name=self.name)
+        if mode == WRITE:
+            if hold.writes:
+                hold.writes += 1
+                return True
+            raise LockUpgradeError("this owner holds the read lock; upgrading to write could deadlock, "
+                                   "release the read lock first", group=self.group, name=self.name)
+        if hold.reads:
+            hold.reads += 1
+            return True
+        return False
+
+    def _downgraded(self, hold: Hold, token: int | None) -> bool:
+        if token is None:
+            raise LockLost("the server refused this write holder its downgrade to read: the write "
+                           "hold is gone", group=self.group, name=self.name)
+        hold.reads = 1
+        if HOLDS.renew_from(hold, READ, self.polling.waiter_lease / 3):
+            WATCHDOG.ensure_running()
+        return True
+
+    def _taken(self, mode: str, owner: str, token: int | None, started: float, timeout: float | None,
+               raise_on_timeout: bool) -> bool:
+        """Record the engine's answer to a first acquisition (token, or None at the deadline)."""
+        waited = time.monotonic() - started
+        if token is None:
+            events.publish(events.TIMED_OUT, self.group, self.name, self.engine.scheme, mode,
+                           owner=owner, wait=waited)
+            if raise_on_timeout:
+                raise LockTimeout(f"could not acquire {self._what(mode)} within {timeout} s",
+                                  group=self.group, name=self.name)
+            return False
+        hold = Hold(self.engine, self.group, self.name, owner, self.lease, token, self.kind)
+        if mode == WRITE:
+            hold.writes = 1
+        else:
+            hold.reads = 1
+        HOLDS.add(hold)
+        if HOLDS.renew_from(hold, mode, self.polling.waiter_lease / 3):
+            WATCHDOG.ensure_running()
+        events.publish(events.ACQUIRED, self.group, self.name, self.engine.scheme, mode,
+                       owner=owner, token=token, wait=waited)
+        return True
+
+    def _acquire(self, mode: str, timeout: Any, raise_on_timeout: bool) -> bool:
+        timeout = options.timeout(timeout)
+        owner = current_owner()
+        hold = _holds.get(self._key(owner))
+        if hold is not None:
+            # A writer may always take the read lock too (downgrade), without waiting.
+            return self._reenter(hold, mode) or self._downgraded(
+                hold, self.engine.acquire(self._request(mode, owner, time.monotonic())))
+        started = time.monotonic()
+        token = self.engine.acquire(self._request(mode, owner, None if timeout is None else started + timeout))
+        return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
+
+    async def _aacquire(self, mode: str, timeout: Any, raise_on_timeout: bool) -> bool:
+        timeout = options.timeout(timeout)
+        owner = current_owner()
+        hold = _holds.get(self._key(owner))
+        if hold is not None:
+            return self._reenter(hold, mode) or self._downgraded(
+                hold, await self.engine.aacquire(self._request(mode, owner, time.monotonic())))
+        started = time.monotonic()
+        token = await self.engine.aacquire(self._request(mode, owner, None if timeout is None else started + timeout))
+        return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
+
+    def _leave(self, mode: str, owner: str) -> Hold | None:
+        """Count a release of this owner's hold; return the hold when this was the final
+        release of ``mode`` (the engine must release it), else None."""
+        hold = _holds.get(self._key(owner))
+        count = 0 if hold is None else (hold.writes if mode == WRITE else hold.reads)
+        if hold is None or count == 0:
+            raise LockNotOwned(f"this owner does not hold {self._what(mode)}", group=self.group, name=self.name)
+        if mode == WRITE:
+            hold.writes -= 1
+        else:
+            hold.reads -= 1
+        if count > 1:
+            return None
+        if not hold.writes and not hold.reads:
+            HOLDS.remove(hold)
+        else:
+            HOLDS.stop_renewing(hold, mode)
+        return hold
+
+    def _left(self, hold: Hold, mode: str, started: float, still_held: bool | None) -> None:
+        """Publish the release; raise LockLost if the hold had been lost meanwhile."""
+        ended = time.monotonic()
+        finished = not hold.writes and not hold.reads
+        events.publish(events.RELEASED, self.group, self.name, self.engine.scheme, mode, owner=hold.owner,
+                       token=hold.token, hold=(ended - hold.started) if finished else None, release=ended - started)
+        if still_held is not None and (hold.lost or not still_held):
+            HOLDS.lose(hold, "the server no longer had this hold at release")
+            raise LockLost(f"the lease of {self._what(mode)} was lost before release ({hold.lost_reason}); "
+                           "another owner may have held it meanwhile", group=self.group, name=self.name)
+
+    def _release(self, mode: str) -> None:
+        owner = current_owner()
+        hold = self._leave(mode, owner)
+        if hold is None:
+            return
+        started = time.monotonic()
+        still_held: bool | None = None
+        try:
+            still_held = self.engine.release(self.group, self.name, owner, mode)
+        finally:
+            self._left(hold, mode, started, still_held)
+
+    async def _arelease(self, mode: str) -> None:
+        owner = current_owner()
+        hold = self._leave(mode, owner)
+        if hold is None:
+            return
+        started = time.monotonic()
+        # Once started, a release completes even if this task is cancelled meanwhile.
+        release = asyncio.ensure_future(self.engine.arelease(self.group, self.name, owner, mode))
+        still_held: bool | None = None
+        try:
+            still_held = await asyncio.shield(release)
+        except asyncio.CancelledError:
+            release.add_done_callback(lambda done: _quietly(self._left, hold, mode, started, _result(done)))
+            raise
+        finally:
+            if release.done() and not release.cancelled():
+                self._left(hold, mode, started, still_held)
+
+
+class Lock(_Holding):
     """A named distributed reentrant read-write lock.
 
     ``fair`` queues waiters FIFO (a reader never barges past a queued writer);
@@ -69,14 +260,7 @@ class Lock:
     (None: wait forever).
     """
 
-    __slots__ = ("engine", "group", "name", "fair", "lease", "polling", "timeout")
-
-    def __init__(self, engine: Engine, group: str, name: str = "global", *, fair: bool = True,
-                 lease: float = 30.0, polling: Polling | None = None, timeout: float | None = None) -> None:
-        self.engine, self.fair, self.lease, self.polling, self.timeout = \
-            _validated(engine, fair, lease, polling, timeout)
-        self.group = check_group(group)
-        self.name = check_name(name)
+    __slots__ = ()
 
     @classmethod
     def _checked(cls, engine: Engine, group: str, name: str, fair: bool, lease: float, polling: Polling,
@@ -143,34 +327,6 @@ class Lock:
     def __exit__(self, *exc: object) -> None:
         self.unlock()
 
-    # -- state of this thread's hold -----------------------------------------------------------
-
-    def _hold(self) -> Hold | None:
-        return _holds.get((self.engine, self.group, self.name, current_owner()))
-
-    @property
-    def token(self) -> int | None:
-        """The fencing token of this thread's hold, or None if it holds nothing."""
-        hold = self._hold()
-        return None if hold is None else hold.token
-
-    def held(self, mode: str | None = None) -> bool:
-        """Return True if this thread holds the lock (in ``mode``, if given)."""
-        hold = self._hold()
-        if hold is None:
-            return False
-        if mode is None:
-            return True
-        if mode not in (WRITE, READ):
-            raise ValueError(f"mode must be 'write' or 'read', got {mode!r}")
-        return bool(hold.writes if mode == WRITE else hold.reads)
-
-    @property
-    def lost(self) -> bool:
-        """True once this thread's hold could not be renewed (it may be someone else's now)."""
-        hold = self._hold()
-        return hold is not None and hold.lost
-
     # -- asyncio twins (the task is the owner) -------------------------------------------------
 
     async def alock(self, timeout: float | None = DEFAULT) -> None:
@@ -199,144 +355,6 @@ class Lock:
         """Release one level of this task's read hold."""
         await self._arelease(READ)
 
-    # -- the work (shared by both worlds; only the engine call differs) ---------------------------
-
-    def _request(self, mode: str, owner: str, deadline: float | None) -> AcquireRequest:
-        return AcquireRequest(self.group, self.name, owner, mode, self.fair, self.lease, deadline, self.polling)
-
-    def _reenter(self, hold: Hold, mode: str) -> bool:
-        """Count a re-entry of this owner's hold without a round trip; return False when the
-        engine must be asked (a write holder downgrading to read)."""
-        if hold.lost:
-            raise LockLost(f"this owner's hold was lost ({hold.lost_reason}); release it first",
-                           group=self.group, name=self.name)
-        if mode == WRITE:
-            if hold.writes:
-                hold.writes += 1
-                return True
-            raise LockUpgradeError("this owner holds the read lock; upgrading to write could deadlock, "
-                                   "release the read lock first", group=self.group, name=self.name)
-        if hold.reads:
-            hold.reads += 1
-            return True
-        return False
-
-    def _downgraded(self, hold: Hold, token: int | None) -> bool:
-        if token is None:
-            raise LockLost("the server refused this write holder its downgrade to read: the write "
-                           "hold is gone", group=self.group, name=self.name)
-        hold.reads = 1
-        if HOLDS.renew_from(hold, READ, self.polling.waiter_lease / 3):
-            WATCHDOG.ensure_running()
-        return True
-
-    def _taken(self, mode: str, owner: str, token: int | None, started: float, timeout: float | None,
-               raise_on_timeout: bool) -> bool:
-        """Record the engine's answer to a first acquisition (token, or None at the deadline)."""
-        waited = time.monotonic() - started
-        if token is None:
-            events.publish(events.TIMED_OUT, self.group, self.name, self.engine.scheme, mode,
-                           owner=owner, wait=waited)
-            if raise_on_timeout:
-                raise LockTimeout(f"could not acquire the {mode} lock within {timeout} s",
-                                  group=self.group, name=self.name)
-            return False
-        hold = Hold(self.engine, self.group, self.name, owner, self.lease, token)
-        if mode == WRITE:
-            hold.writes = 1
-        else:
-            hold.reads = 1
-        HOLDS.add(hold)
-        if HOLDS.renew_from(hold, mode, self.polling.waiter_lease / 3):
-            WATCHDOG.ensure_running()
-        events.publish(events.ACQUIRED, self.group, self.name, self.engine.scheme, mode,
-                       owner=owner, token=token, wait=waited)
-        return True
-
-    def _acquire(self, mode: str, timeout: Any, raise_on_timeout: bool) -> bool:
-        timeout = options.timeout(timeout)
-        owner = current_owner()
-        hold = _holds.get((self.engine, self.group, self.name, owner))
-        if hold is not None:
-            # A writer may always take the read lock too (downgrade), without waiting.
-            return self._reenter(hold, mode) or self._downgraded(
-                hold, self.engine.acquire(self._request(mode, owner, time.monotonic())))
-        started = time.monotonic()
-        token = self.engine.acquire(self._request(mode, owner, None if timeout is None else started + timeout))
-        return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
-
-    async def _aacquire(self, mode: str, timeout: Any, raise_on_timeout: bool) -> bool:
-        timeout = options.timeout(timeout)
-        owner = current_owner()
-        hold = _holds.get((self.engine, self.group, self.name, owner))
-        if hold is not None:
-            return self._reenter(hold, mode) or self._downgraded(
-                hold, await self.engine.aacquire(self._request(mode, owner, time.monotonic())))
-        started = time.monotonic()
-        token = await self.engine.aacquire(self._request(mode, owner, None if timeout is None else started + timeout))
-        return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
-
-    def _leave(self, mode: str, owner: str) -> Hold | None:
-        """Count a release of this owner's hold; return the hold when this was the final
-        release of ``mode`` (the engine must release it), else None."""
-        hold = _holds.get((self.engine, self.group, self.name, owner))
-        count = 0 if hold is None else (hold.writes if mode == WRITE else hold.reads)
-        if hold is None or count == 0:
-            raise LockNotOwned(f"this owner does not hold the {mode} lock", group=self.group, name=self.name)
-        if mode == WRITE:
-            hold.writes -= 1
-        else:
-            hold.reads -= 1
-        if count > 1:
-            return None
-        if not hold.writes and not hold.reads:
-            HOLDS.remove(hold)
-        else:
-            HOLDS.stop_renewing(hold, mode)
-        return hold
-
-    def _left(self, hold: Hold, mode: str, started: float, still_held: bool | None) -> None:
-        """Publish the release; raise LockLost if the hold had been lost meanwhile."""
-        ended = time.monotonic()
-        finished = not hold.writes and not hold.reads
-        events.publish(events.RELEASED, self.group, self.name, self.engine.scheme, mode, owner=hold.owner,
-                       token=hold.token, hold=(ended - hold.started) if finished else None, release=ended - started)
-        if still_held is not None and (hold.lost or not still_held):
-            HOLDS.lose(hold, "the server no longer had this hold at release")
-            raise LockLost(f"the {mode} lock's lease was lost before release ({hold.lost_reason}); "
-                           "another owner may have held it meanwhile", group=self.group, name=self.name)
-
-    def _release(self, mode: str) -> None:
-        owner = current_owner()
-        hold = self._leave(mode, owner)
-        if hold is None:
-            return
-        started = time.monotonic()
-        still_held: bool | None = None
-        try:
-            still_held = self.engine.release(self.group, self.name, owner, mode)
-        finally:
-            self._left(hold, mode, started, still_held)
-
-    async def _arelease(self, mode: str) -> None:
-        owner = current_owner()
-        hold = self._leave(mode, owner)
-        if hold is None:
-            return
-        started = time.monotonic()
-        # Once started, a release completes even if this task is cancelled meanwhile.
-        release = asyncio.ensure_future(self.engine.arelease(self.group, self.name, owner, mode))
-        still_held: bool | None = None
-        try:
-            still_held = await asyncio.shield(release)
-        except asyncio.CancelledError:
-            release.add_done_callback(lambda done: _quietly(self._left, hold, mode, started, _result(done)))
-            raise
-        finally:
-            if release.done() and not release.cancelled():
-                self._left(hold, mode, started, still_held)
-
-
 #: Seconds the interpreter's exit may spend releasing what this process still holds.
 EXIT_BUDGET = 3.0
 
@@ -351,10 +369,13 @@ def release_all(budget: float = EXIT_BUDGET) -> int:
     released = 0
     for hold in HOLDS.holds():
         HOLDS.remove(hold)
-        for mode, count in ((READ, hold.reads), (WRITE, hold.writes)):
-            if not count or time.monotonic() >= deadline:
-                continue
-            hold.reads, hold.writes = (0, hold.writes) if mode == READ else (0, 0)
+        for mode, _ in hold.held_modes():
+            if time.monotonic() >= deadline:
+                break
+            if mode == WRITE:
+                hold.writes = 0
+            else:
+                hold.reads = 0
             try:
                 hold.engine.release(hold.group, hold.name, hold.owner, mode)
                 released += 1
@@ -375,6 +396,115 @@ def _quietly(func: Callable[..., Any], *args: Any) -> None:
         func(*args)
 
 
+class Semaphore(_Holding):
+    """A distributed semaphore: at most ``permits`` owners (threads, asyncio tasks, owner
+    scopes) hold a permit at once, across processes and machines.
+
+    Like the lock: an owner that holds a permit re-enters without taking another (counted
+    locally); ``fair`` serves waiters FIFO, and a release hands the permit to the head
+    waiter directly; each permit has its own ``lease``, renewed by the watchdog, so a dead
+    holder's permit frees after its lease and a holder paused past it is told it lost it
+    (``lost``, :class:`LockLost` at release); fencing tokens strictly increase per
+    semaphore name. The permit count may change between deployments: a larger one admits
+    waiters at once, a smaller one admits no one new until the holders drop below it.
+    A semaphore and a lock of the same group and name are unrelated.
+    """
+
+    __slots__ = ("permits",)
+    kind = SEMAPHORE
+
+    def __init__(self, engine: Engine, group: str, name: str = "global", *, permits: int, fair: bool = True,
+                 lease: float = 30.0, polling: Polling | None = None, timeout: float | None = None) -> None:
+        super().__init__(engine, group, name, fair=fair, lease=lease, polling=polling, timeout=timeout)
+        self.permits = options.number(permits, "permits", minimum=1, maximum=1_000_000, integer=True)
+
+    @classmethod
+    def _checked(cls, engine: Engine, group: str, name: str, permits: int, fair: bool, lease: float,
+                 polling: Polling, timeout: float | None) -> Semaphore:
+        sem = cls.__new__(cls)
+        sem.engine, sem.group, sem.name, sem.permits = engine, group, check_name(name), permits
+        sem.fair, sem.lease, sem.polling, sem.timeout = fair, lease, polling, timeout
+        return sem
+
+    def __repr__(self) -> str:
+        return f"<ylock.Semaphore {self.group}/{self.name} ({self.permits} permits) on {self.engine!r}>"
+
+    def _key(self, owner: str) -> tuple[Any, ...]:
+        return (self.engine, self.group, self.name, owner, SEMAPHORE)
+
+    def _what(self, mode: str) -> str:
+        return "a permit"
+
+    def acquire(self, timeout: float | None = DEFAULT) -> None:
+        """Take a permit, waiting up to ``timeout`` seconds (None: forever); raise
+        :class:`LockTimeout` if none could be had in time."""
+        self._acquire(PERMIT, self.timeout if timeout is DEFAULT else timeout, True)
+
+    def try_acquire(self, timeout: float | None = 0.0) -> bool:
+        """Take a permit if one can be had within ``timeout``; return whether it was."""
+        return self._acquire(PERMIT, timeout, False)
+
+    def release(self) -> None:
+        """Give back one level of this owner's permit: :class:`LockNotOwned` if it holds none,
+        :class:`LockLost` if its lease was lost meanwhile."""
+        self._release(PERMIT)
+
+    async def aacquire(self, timeout: float | None = DEFAULT) -> None:
+        """:meth:`acquire` from an asyncio task (no thread waits; a cancelled wait holds nothing)."""
+        await self._aacquire(PERMIT, self.timeout if timeout is DEFAULT else timeout, True)
+
+    async def atry_acquire(self, timeout: float | None = 0.0) -> bool:
+        """:meth:`try_acquire` from an asyncio task."""
+        return await self._aacquire(PERMIT, timeout, False)
+
+    async def arelease(self) -> None:
+        """:meth:`release` from an asyncio task (completes even if the task is cancelled)."""
+        await self._arelease(PERMIT)
+
+    def hold(self, timeout: float | None = DEFAULT) -> Guard:
+        """Return a context manager (and decorator, sync or async) holding a permit."""
+        return Guard(self, PERMIT, self.timeout if timeout is DEFAULT else timeout)
+
+    def held(self, mode: str | None = None) -> bool:
+        """Return True if this owner holds a permit."""
+        return self._hold() is not None
+
+    def __enter__(self) -> Semaphore:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    async def __aenter__(self) -> Semaphore:
+        await self.aacquire()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.arelease()
+
+
+class Semaphores:
+    """A family of semaphores in one group, one per name (e.g. one per tenant), all with
+    the same number of permits: ``sems["tenant-7"]`` is the :class:`Semaphore` for that name."""
+
+    __slots__ = ("engine", "group", "permits", "fair", "lease", "polling", "timeout")
+
+    def __init__(self, engine: Engine, group: str, *, permits: int, fair: bool = True, lease: float = 30.0,
+                 polling: Polling | None = None, timeout: float | None = None) -> None:
+        self.engine, self.fair, self.lease, self.polling, self.timeout = \
+            _validated(engine, fair, lease, polling, timeout)
+        self.group = check_group(group)
+        self.permits = options.number(permits, "permits", minimum=1, maximum=1_000_000, integer=True)
+
+    def __repr__(self) -> str:
+        return f"<ylock.Semaphores {self.group}/* ({self.permits} permits) on {self.engine!r}>"
+
+    def __getitem__(self, name: str) -> Semaphore:
+        return Semaphore._checked(self.engine, self.group, name, self.permits, self.fair, self.lease,
+                                  self.polling, self.timeout)
+
+
 class Guard:
     """Holds a lock in one mode for a ``with`` block, or around every call of a function.
 
@@ -386,12 +516,12 @@ class Guard:
 
     __slots__ = ("_lock", "_mode", "_timeout")
 
-    def __init__(self, lock: Lock, mode: str, timeout: float | None) -> None:
+    def __init__(self, lock: Any, mode: str, timeout: float | None) -> None:
         self._lock = lock
         self._mode = mode
         self._timeout = options.timeout(timeout)
 
-    def __enter__(self) -> Lock:
+    def __enter__(self) -> Any:
         self._lock._acquire(self._mode, self._timeout, True)
         return self._lock
 
@@ -399,7 +529,7 @@ class Guard:
                  tb: TracebackType | None) -> None:
         self._lock._release(self._mode)
 
-    async def __aenter__(self) -> Lock:
+    async def __aenter__(self) -> Any:
         await self._lock._aacquire(self._mode, self._timeout, True)
         return self._lock
 

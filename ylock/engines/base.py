@@ -36,35 +36,39 @@ from typing import Any, ClassVar, NamedTuple
 from urllib.parse import parse_qsl
 
 from ylock.errors import ConfigurationError
-from ylock.holds import MODES, READ, WRITE, RenewItem
+from ylock.holds import LOCK, MODES, PERMIT, READ, SEMAPHORE, WRITE, RenewItem
 from ylock.options import E_ENGINE_URL
 from ylock.waiting import Polling
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Engine", "AcquireRequest", "LockInfo", "RenewItem", "READ", "WRITE", "MODES", "split_url_options",
-           "parse_bool", "Steps", "Abandon", "run_steps", "arun_steps", "Mailbox", "settle"]
+__all__ = ["Engine", "AcquireRequest", "LockInfo", "RenewItem", "READ", "WRITE", "PERMIT", "MODES", "LOCK",
+           "SEMAPHORE", "split_url_options", "parse_bool", "Steps", "Abandon", "run_steps", "arun_steps", "Mailbox",
+           "settle"]
 
 
 
 @dataclass(frozen=True)
 class LockInfo:
-    """What one lock looks like on the server right now (``engine.describe()``)."""
+    """What one lock (or semaphore) looks like on the server right now (``engine.describe()``)."""
 
     group: str
     name: str
-    mode: str | None            # "write", "read", or None when nobody holds it
-    owners: tuple[str, ...]     # exclusive owner, or the shared owners
+    mode: str | None            # "write", "read", "permit" (a semaphore's), or None when nobody holds it
+    owners: tuple[str, ...]     # exclusive owner, or the shared owners (a semaphore's holders)
     waiters: tuple[str, ...]    # queued waiters in order, as "mode:owner"
     ttl: float | None           # seconds until the holder's lease runs out (None: session-bound)
     token: int | None           # fencing token of the current (latest) hold
+    kind: str = LOCK            # "lock" or "semaphore"
+    permits: int | None = None  # a semaphore's number of permits (as last asked for)
 
     def as_dict(self) -> dict[str, object]:
         """Return a JSON-ready dict of the fields."""
         return {
-            "group": self.group, "name": self.name, "mode": self.mode,
+            "kind": self.kind, "group": self.group, "name": self.name, "mode": self.mode,
             "owners": list(self.owners), "waiters": list(self.waiters),
             "ttl": None if self.ttl is None else round(self.ttl, 3), "token": self.token,
+            "permits": self.permits,
         }
 
 
@@ -80,6 +84,7 @@ class AcquireRequest(NamedTuple):
     lease: float
     deadline: float | None      # time.monotonic() deadline; None waits forever; <= now tries once
     polling: Polling
+    permits: int = 0            # mode "permit": the semaphore's number of permits
 
 
 class Engine(abc.ABC):
@@ -165,8 +170,9 @@ class Engine(abc.ABC):
         """Yield a :class:`LockInfo` for every lock held or waited for (in ``group``)."""
 
     @abc.abstractmethod
-    def force_release(self, group: str, name: str) -> bool:
-        """Drop every holder and waiter of a lock; return True if there was anything."""
+    def force_release(self, group: str, name: str, kind: str = LOCK) -> bool:
+        """Drop every holder and waiter of a lock (``kind="semaphore"``: of a semaphore);
+        return True if anybody held it."""
 
     # -- the deployment's statistics -------------------------------------------------------
 

@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ylock.engines.base import (
+    LOCK,
+    PERMIT,
     READ,
+    SEMAPHORE,
     WRITE,
     AcquireRequest,
     Engine,
@@ -51,6 +54,7 @@ class _State:
     tokens: dict[str, int] = field(default_factory=dict)      # owner -> token of its hold
     queue: deque[_Waiter] = field(default_factory=deque)
     last_token: int | None = None
+    permits: int = 0                 # a semaphore's number of permits, as last asked for
 
     def expire(self, now: float) -> None:
         if self.writer is not None and self.writer_deadline <= now:
@@ -124,6 +128,22 @@ def _same(exc: Exception) -> Exception:
     return exc
 
 
+def may_take_permit(holders: int, queue: Sequence[tuple[str, str, float]], owner: str, permits: int,
+                    fair: bool) -> bool:
+    """Return True if ``owner`` may take one of a semaphore's ``permits`` now, ``holders``
+    being held. Fair: only with a permit left for every waiter ahead of it too (they are
+    woken and take theirs); non-fair: whenever one is free."""
+    if not fair:
+        return holders < permits
+    position = next((i for i, w in enumerate(queue) if w[0] == owner), None)
+    ahead = len(queue) if position is None else position
+    return holders + ahead < permits
+
+
+def _kind(mode: str) -> str:
+    return SEMAPHORE if mode == PERMIT else LOCK
+
+
 class LocalEngine(Engine):
     """In-process engine (see module docstring)."""
 
@@ -135,21 +155,21 @@ class LocalEngine(Engine):
             raise ConfigurationError(f"a local engine's URL is local://, got {url!r}", code=E_ENGINE_URL)
         super().__init__()
         self._mutex = threading.Lock()
-        self._states: dict[tuple[str, str], _State] = {}
+        self._states: dict[tuple[str, str, str], _State] = {}    # (kind, group, name)
         self._stats: dict[str, tuple[bytes, float]] = {}
 
     def url_for_display(self) -> str:
         return "local://"
 
-    def _state(self, group: str, name: str) -> _State:
-        state = self._states.get((group, name))
+    def _state(self, kind: str, group: str, name: str) -> _State:
+        state = self._states.get((kind, group, name))
         if state is None:
-            state = self._states[(group, name)] = _State()
+            state = self._states[(kind, group, name)] = _State()
         return state
 
-    def _tidy(self, group: str, name: str, state: _State) -> None:
+    def _tidy(self, kind: str, group: str, name: str, state: _State) -> None:
         if state.empty():
-            self._states.pop((group, name), None)
+            self._states.pop((kind, group, name), None)
 
     def acquire(self, request: AcquireRequest) -> int | None:
         return run_steps(self._acquire_steps(request), self._do, _same)  # type: ignore[no-any-return]
@@ -161,18 +181,25 @@ class LocalEngine(Engine):
         return self.release(group, name, owner, mode)      # never waits
 
     def _acquire_steps(self, r: AcquireRequest) -> Steps:
-        """Enter when :func:`may_enter` says so; meanwhile wait in the lock's queue for a
-        wake-up (a release, a force-release, a waiter leaving) or a lease running out."""
+        """Enter when :func:`may_enter` (a semaphore: :func:`may_take_permit`) says so;
+        meanwhile wait in the queue for a wake-up (a release, a force-release, a waiter
+        leaving) or a lease running out."""
         waiter: _Waiter | None = None
         state: _State | None = None
+        kind = _kind(r.mode)
         try:
             while True:
                 with self._mutex:
-                    state = self._state(r.group, r.name)  # force_release may have replaced it
+                    state = self._state(kind, r.group, r.name)  # force_release may have replaced it
                     now = time.monotonic()
                     state.expire(now)
                     queue = [(w.owner, w.mode, w.since) for w in state.queue]
-                    if may_enter(state.writer, state.readers, queue, r.owner, r.mode, r.fair, now):
+                    if kind == SEMAPHORE:
+                        state.permits = r.permits
+                        enter = may_take_permit(len(state.readers), queue, r.owner, r.permits, r.fair)
+                    else:
+                        enter = may_enter(state.writer, state.readers, queue, r.owner, r.mode, r.fair, now)
+                    if enter:
                         if waiter is not None:
                             _remove(state, waiter)
                             waiter = None
@@ -194,7 +221,7 @@ class LocalEngine(Engine):
                 with self._mutex:
                     _remove(state, waiter)
                     _wake(state)                      # leaving the head may let others in
-                    self._tidy(r.group, r.name, state)
+                    self._tidy(kind, r.group, r.name, state)
 
     @staticmethod
     def _do(op: tuple[Any, ...]) -> Any:
@@ -218,7 +245,7 @@ class LocalEngine(Engine):
 
     def release(self, group: str, name: str, owner: str, mode: str) -> bool:
         with self._mutex:
-            state = self._states.get((group, name))
+            state = self._states.get((_kind(mode), group, name))
             if state is None:
                 return False
             state.expire(time.monotonic())
@@ -226,12 +253,12 @@ class LocalEngine(Engine):
             if mode == WRITE and state.writer == owner:
                 state.writer = None
                 held = True
-            elif mode == READ and owner in state.readers:
+            elif mode != WRITE and owner in state.readers:
                 del state.readers[owner]
                 held = True
             if state.writer != owner and owner not in state.readers:
                 state.tokens.pop(owner, None)
-            self._tidy(group, name, state)
+            self._tidy(_kind(mode), group, name, state)
             _wake(state)
             return held
 
@@ -240,7 +267,7 @@ class LocalEngine(Engine):
         with self._mutex:
             now = time.monotonic()
             for item in items:
-                state = self._states.get((item.group, item.name))
+                state = self._states.get((_kind(item.mode), item.group, item.name))
                 if state is not None:
                     state.expire(now)
                 if state is None:
@@ -248,7 +275,7 @@ class LocalEngine(Engine):
                 elif item.mode == WRITE and state.writer == item.owner:
                     state.writer_deadline = now + item.lease
                     results.append(True)
-                elif item.mode == READ and item.owner in state.readers:
+                elif item.mode != WRITE and item.owner in state.readers:
                     state.readers[item.owner] = now + item.lease
                     results.append(True)
                 else:
@@ -259,7 +286,7 @@ class LocalEngine(Engine):
         infos = []
         with self._mutex:
             now = time.monotonic()
-            for (g, n), state in sorted(self._states.items()):
+            for (kind, g, n), state in sorted(self._states.items()):
                 if group is not None and g != group:
                     continue
                 state.expire(now)
@@ -271,12 +298,14 @@ class LocalEngine(Engine):
                 if state.writer is not None:
                     mode, owners, until = WRITE, (state.writer,), state.writer_deadline
                 elif state.readers:
-                    mode, owners, until = READ, tuple(sorted(state.readers)), max(state.readers.values())
+                    mode, owners, until = (PERMIT if kind == SEMAPHORE else READ), tuple(sorted(state.readers)), \
+                        max(state.readers.values())
                 else:
                     mode, owners, until = None, (), None
                 infos.append(LockInfo(g, n, mode, owners, tuple(f"{w.mode}:{w.owner}" for w in state.queue),
                                       None if until is None else max(0.0, until - now),
-                                      state.last_token if owners else None))
+                                      state.last_token if owners else None, kind,
+                                      state.permits if kind == SEMAPHORE else None))
         return infos
 
     def publish_stats(self, process: str, data: bytes, ttl: float) -> None:
@@ -288,9 +317,9 @@ class LocalEngine(Engine):
         with self._mutex:
             return {p: d for p, (d, until) in self._stats.items() if until > now}
 
-    def force_release(self, group: str, name: str) -> bool:
+    def force_release(self, group: str, name: str, kind: str = LOCK) -> bool:
         with self._mutex:
-            state = self._states.get((group, name))
+            state = self._states.get((kind, group, name))
             if state is None:
                 return False
             had = state.writer is not None or bool(state.readers)
@@ -298,5 +327,5 @@ class LocalEngine(Engine):
             state.readers.clear()
             state.tokens.clear()
             _wake(state)
-            self._tidy(group, name, state)
+            self._tidy(kind, group, name, state)
             return had

@@ -41,7 +41,21 @@ import redis.exceptions as rex
 
 from ylock import events
 from ylock import options as opt
-from ylock.engines.base import WRITE, Abandon, AcquireRequest, Engine, LockInfo, RenewItem, Steps, arun_steps, run_steps
+from ylock.engines.base import (
+    LOCK,
+    PERMIT,
+    READ,
+    SEMAPHORE,
+    WRITE,
+    Abandon,
+    AcquireRequest,
+    Engine,
+    LockInfo,
+    RenewItem,
+    Steps,
+    arun_steps,
+    run_steps,
+)
 from ylock.engines.redis_clients import Clients, split_url
 from ylock.engines.redis_direct import AsyncDirectCalls, DirectCalls, NotifyHub
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
@@ -61,11 +75,13 @@ def _script(name: str) -> str:
         body = "--@common\n" + body
     body = re.sub(r"^--@common$", lambda _: helpers, body, count=1, flags=re.M)
     body = re.sub(r"^--@queue$", lambda _: lua.joinpath("queue.lua").read_text(), body, count=1, flags=re.M)
+    body = re.sub(r"^--@permits$", lambda _: lua.joinpath("permits.lua").read_text(), body, count=1, flags=re.M)
     return head + "\n" + body
 
 
 # Script templates; each engine fills in its own constants (fewer arguments per call).
-_SOURCES = {name: _script(f"{name}.lua") for name in ("acquire", "release", "renew", "describe", "force_release")}
+_SOURCES = {name: _script(f"{name}.lua") for name in ("acquire", "release", "renew", "describe", "force_release",
+                                                     "sem_acquire", "sem_release")}
 
 
 class RedisEngine(Engine):
@@ -206,17 +222,22 @@ class RedisEngine(Engine):
     def _base(self, group: str, name: str) -> str:
         return f"{self.prefix}:{{{group}:{name}}}"
 
-    def _key(self, group: str, name: str) -> str:
-        """The lock's x key: every script takes it as KEYS[1] and derives the others."""
+    def _key(self, group: str, name: str, mode: str = WRITE) -> str:
+        """The x key of a lock (a semaphore's for mode "permit"): every script takes it as
+        KEYS[1] and derives the others from it."""
+        if mode == PERMIT:
+            return f"{self.prefix}:{{{group}:{name}}}:p:x"
         return f"{self.prefix}:{{{group}:{name}}}:x"
 
     # -- ownership ------------------------------------------------------------------------
 
     def _request(self, r: AcquireRequest) -> tuple[str, list[Any]]:
-        """The acquire script's key and arguments for ``r`` (flags: fair, stay, queued)."""
+        """The acquire script's key and arguments for ``r`` (flags: fair, stay, queued; a
+        semaphore's script takes its permit count in the mode's place)."""
         fair = "1" if r.fair else "0"
-        return (f"{self.prefix}:{{{r.group}:{r.name}}}:x",
-                [r.owner, r.mode, fair + "10", int(r.lease * 1000), int(r.polling.waiter_lease * 1000)])
+        return (self._key(r.group, r.name, r.mode),
+                [r.owner, r.permits if r.mode == PERMIT else r.mode, fair + "10", int(r.lease * 1000),
+                 int(r.polling.waiter_lease * 1000)])
 
     def acquire(self, request: AcquireRequest) -> int | None:
         r = request
@@ -225,7 +246,7 @@ class RedisEngine(Engine):
         if not self.wait_replicas and (r.deadline is None or time.monotonic() < r.deadline):
             # The first try, on its own: an uncontended write comes back as a bare token.
             try:
-                reply = self._run("acquire", key, args, self.socket_timeout)
+                reply = self._run(_ACQUIRE[r.mode], key, args, self.socket_timeout)
             except Exception as exc:
                 raise self._translate(exc, r.group, r.name) from exc
             if reply.__class__ is int:
@@ -261,7 +282,7 @@ class RedisEngine(Engine):
                                                 group=r.group, name=r.name)
                     args[2] = fair + ("0" if last_try else "1") + ("1" if queued else "0")
                     try:
-                        reply, acked = yield ("acquire", key, args, left)
+                        reply, acked = yield ("acquire", _ACQUIRE[r.mode], key, args, left)
                         unreachable_since = None
                     except EngineUnavailable:
                         # Before we are queued, fail fast; once queued, ride out a blip until the
@@ -309,9 +330,9 @@ class RedisEngine(Engine):
             # way: leave the queue in a last try that does not wait, and give back a grant.
             args[2] = fair + "01"
             try:
-                reply, _ = yield ("acquire", key, args, self.socket_timeout)
+                reply, _ = yield ("acquire", _ACQUIRE[r.mode], key, args, self.socket_timeout)
                 if reply.__class__ is int or reply[0] == 1:
-                    yield ("release", key, [r.owner, r.mode], self.socket_timeout)
+                    yield ("release", _RELEASE[r.mode], key, _release_args(r.owner, r.mode), self.socket_timeout)
             except EngineUnavailable:
                 pass               # the queue entry and a grant's short lease expire on their own
             raise
@@ -326,7 +347,7 @@ class RedisEngine(Engine):
     async def arelease(self, group: str, name: str, owner: str, mode: str) -> bool:
         side = self._async_side()
         try:
-            reply = await self._arun(side, "release", f"{self.prefix}:{{{group}:{name}}}:x", [owner, mode],
+            reply = await self._arun(side, _RELEASE[mode], self._key(group, name, mode), _release_args(owner, mode),
                                      self.socket_timeout)
         except Exception as exc:
             raise self._translate(exc, group, name) from exc
@@ -354,9 +375,9 @@ class RedisEngine(Engine):
         kind = op[0]
         if kind == "acquire":
             if not self.wait_replicas:
-                return await self._arun(side, "acquire", op[1], op[2], op[3]), 0
+                return await self._arun(side, op[1], op[2], op[3], op[4]), 0
             pipe = side.client.pipeline(transaction=False)
-            pipe.evalsha(self._scripts["acquire"].sha, 1, op[1], *op[2])
+            pipe.evalsha(self._scripts[op[1]].sha, 1, op[2], *op[3])
             pipe.wait(self.wait_replicas, self.wait_timeout_ms)
             reply, acked = await pipe.execute()
             return reply, int(acked)
@@ -366,7 +387,7 @@ class RedisEngine(Engine):
                 return None
             return await side.hub.wait(op[1], op[2])
         if kind == "release":
-            return await self._arun(side, "release", op[1], op[2], op[3])
+            return await self._arun(side, op[1], op[2], op[3], op[4])
         await asyncio.sleep(op[1])     # "sleep"
         return None
 
@@ -382,7 +403,7 @@ class RedisEngine(Engine):
         """With ``wait_replicas``: release and raise if too few replicas acknowledged."""
         if acked < self.wait_replicas:
             with contextlib.suppress(EngineUnavailable):
-                yield ("release", key, [r.owner, r.mode], self.socket_timeout)
+                yield ("release", _RELEASE[r.mode], key, _release_args(r.owner, r.mode), self.socket_timeout)
             raise EngineUnavailable(f"only {acked} of {self.wait_replicas} replicas acknowledged the lock "
                                     f"within {self.wait_timeout_ms} ms; released it", group=r.group, name=r.name)
 
@@ -390,11 +411,11 @@ class RedisEngine(Engine):
         """Do one operation of the steps, blocking (the sync world's executor)."""
         kind = op[0]
         if kind == "acquire":
-            return self._acquire_call(op[1], op[2], op[3])
+            return self._acquire_call(op[1], op[2], op[3], op[4])
         if kind == "pop":
             return (self._call or self._caller())("BLPOP", op[1], op[2], timeout=op[3])
         if kind == "release":
-            return self._run("release", op[1], op[2], op[3])
+            return self._run(op[1], op[2], op[3], op[4])
         time.sleep(op[1])          # "sleep"
         return None
 
@@ -415,13 +436,13 @@ class RedisEngine(Engine):
         call = self._call
         return call if call is not None else _cluster_call(self.client)   # closed meanwhile
 
-    def _acquire_call(self, key: str, args: list[Any], timeout: float) -> tuple[Any, int]:
-        """Run the acquire script; with ``wait_replicas``, WAIT on the same connection in
+    def _acquire_call(self, script: str, key: str, args: list[Any], timeout: float) -> tuple[Any, int]:
+        """Run an acquire script; with ``wait_replicas``, WAIT on the same connection in
         the same round trip (WAIT counts the replicas that have this connection's writes)."""
         if not self.wait_replicas:
-            return self._run("acquire", key, args, timeout), 0
+            return self._run(script, key, args, timeout), 0
         pipe = self.client.pipeline(transaction=False)
-        self._scripts["acquire"](keys=[key], args=args, client=pipe)
+        self._scripts[script](keys=[key], args=args, client=pipe)
         pipe.wait(self.wait_replicas, self.wait_timeout_ms)
         reply, acked = pipe.execute()
         return reply, int(acked)
@@ -434,7 +455,8 @@ class RedisEngine(Engine):
 
     def release(self, group: str, name: str, owner: str, mode: str) -> bool:
         try:
-            reply = self._run("release", f"{self.prefix}:{{{group}:{name}}}:x", [owner, mode], self.socket_timeout)
+            reply = self._run(_RELEASE[mode], self._key(group, name, mode), _release_args(owner, mode),
+                              self.socket_timeout)
         except Exception as exc:
             raise self._translate(exc, group, name) from exc
         return self._released(group, name, reply)
@@ -461,7 +483,7 @@ class RedisEngine(Engine):
                         pipe = node_client.pipeline(transaction=False)
                         for index in chunk:
                             item = items[index]
-                            self._scripts["renew"](keys=[self._key(item.group, item.name)],
+                            self._scripts["renew"](keys=[self._key(item.group, item.name, item.mode)],
                                                    args=[item.owner, item.mode, int(item.lease * 1000)], client=pipe)
                         replies = pipe.execute(raise_on_error=False)
                     for index, reply in zip(chunk, replies):
@@ -488,18 +510,26 @@ class RedisEngine(Engine):
         infos = []
         with self._errors(group):
             # A lock whose only key is its fence is free and unqueued: skip it without a
-            # round trip (fences outnumber live locks by far).
-            bases = sorted({key.rsplit("}", 1)[0] + "}" for key in self._scan(pattern) if not key.endswith("}:f")})
-            for base in bases:
+            # round trip (fences outnumber live locks by far). A semaphore's keys sit under
+            # the same {tag} followed by ":p".
+            bases = set()
+            for key in self._scan(pattern):
+                end = key.rindex("}") + 1
+                rest = key[end:]
+                if rest not in (":f", ":p:f"):
+                    bases.add(key[:end] + (":p" if rest.startswith(":p:") else ""))
+            for base in sorted(bases):
                 info = self._describe_one(base)
                 if info is not None:
                     infos.append(info)
         return infos
 
     def _describe_one(self, base: str) -> LockInfo | None:
-        tag = base[len(self.prefix) + 2:-1]
+        semaphore = base.endswith(":p")
+        tag = base[len(self.prefix) + 2:base.rindex("}")]
         group, _, name = tag.partition(":")
-        writer, writer_token, writer_ttl, shared, queue, modes, tokens, now = self._run("describe", f"{base}:x", [])
+        writer, writer_token, writer_ttl, shared, queue, modes, tokens, now, permits = \
+            self._run("describe", f"{base}:x", [])
         dec = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
         writer = dec(writer)
         if not writer and not shared and not queue:
@@ -509,12 +539,13 @@ class RedisEngine(Engine):
         waiters = tuple(f"{mode_of.get(dec(o), '?')}:{dec(o)}" for o in queue)
         if writer:
             return LockInfo(group, name, WRITE, (writer,), waiters, max(0, writer_ttl) / 1000, int(writer_token))
+        kind, count = (SEMAPHORE, int(permits)) if semaphore and permits else (LOCK, None)
         if shared:
             owners = tuple(sorted(dec(shared[i]) for i in range(0, len(shared), 2)))
             ttl = (max(float(shared[i]) for i in range(1, len(shared), 2)) - now) / 1000
             token = max((token_of[o] for o in owners if o in token_of), default=None)
-            return LockInfo(group, name, "read", owners, waiters, ttl, token)
-        return LockInfo(group, name, None, (), waiters, None, None)
+            return LockInfo(group, name, PERMIT if semaphore else READ, owners, waiters, ttl, token, kind, count)
+        return LockInfo(group, name, None, (), waiters, None, None, kind, count)
 
     def publish_stats(self, process: str, data: bytes, ttl: float) -> None:
         with self._errors():
@@ -532,10 +563,18 @@ class RedisEngine(Engine):
                 values = self.client.mget(keys)
         return {k[start:]: v for k, v in zip(keys, values) if v is not None}
 
-    def force_release(self, group: str, name: str) -> bool:
-        base = self._base(group, name)
+    def force_release(self, group: str, name: str, kind: str = LOCK) -> bool:
         with self._errors(group, name):
-            return bool(self._run("force_release", f"{base}:x", []))
+            return bool(self._run("force_release", self._key(group, name, PERMIT if kind == SEMAPHORE else WRITE), []))
+
+
+#: The scripts that acquire and release in each mode, and their release arguments.
+_ACQUIRE = {WRITE: "acquire", READ: "acquire", PERMIT: "sem_acquire"}
+_RELEASE = {WRITE: "release", READ: "release", PERMIT: "sem_release"}
+
+
+def _release_args(owner: str, mode: str) -> list[str]:
+    return [owner] if mode == PERMIT else [owner, mode]
 
 
 class _AsyncSide:

@@ -89,7 +89,10 @@ from kazoo.retry import KazooRetry
 from ylock import events
 from ylock import options as opt
 from ylock.engines.base import (
+    LOCK,
+    PERMIT,
     READ,
+    SEMAPHORE,
     WRITE,
     Abandon,
     AcquireRequest,
@@ -110,7 +113,7 @@ _UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, Oper
                 KazooTimeoutError)
 #: Errors a request's result may carry that the protocol handles itself.
 _ANSWERS = (NoNodeError, NodeExistsError, NotEmptyError, BadVersionError)
-_LETTER = {WRITE: "w", READ: "r"}
+_LETTER = {WRITE: "w", READ: "r", PERMIT: "p"}
 
 
 class _Claim:
@@ -393,7 +396,11 @@ class ZooKeeperEngine(Engine):
 
     # -- ownership --------------------------------------------------------------------------------
 
-    def _lockpath(self, group: str, name: str) -> str:
+    def _lockpath(self, group: str, name: str, mode: str = WRITE) -> str:
+        """The znode of a lock, or of a semaphore (mode "permit": under ``<root>/:sem``,
+        which no group can name: groups hold no ":")."""
+        if mode == PERMIT:
+            return f"{self.root}/:sem/{_escape(group)}/{_escape(name)}"
         return f"{self.root}/{_escape(group)}/{_escape(name)}"
 
     def acquire(self, request: AcquireRequest) -> int | None:
@@ -427,9 +434,12 @@ class ZooKeeperEngine(Engine):
         """Create our node, then wait until no child before it blocks us (module docstring).
         Every request is bounded by what is left of the call's budget (the deadline plus
         ``connect_timeout``); waits end at the deadline."""
-        lockpath = self._lockpath(r.group, r.name)
+        lockpath = self._lockpath(r.group, r.name, r.mode)
         claim = _Claim(self, (r.group, r.name, r.owner, r.mode), lockpath, r.mode)
-        data = _LETTER[r.mode].encode()
+        # A semaphore's node carries the permit count asked for (describe() shows it), and
+        # its holders and waiters keep a child watch: any node leaving may let one in.
+        permit = r.mode == PERMIT
+        data = f"p{r.permits}".encode() if permit else _LETTER[r.mode].encode()
         end = None if r.deadline is None else r.deadline + self.connect_timeout
         flight = (lockpath, claim.prefix)
         watched = False              # a children read has left its child watch
@@ -453,8 +463,8 @@ class ZooKeeperEngine(Engine):
                     else:
                         # The first successful read of the children leaves the child watch
                         # (see the module docstring); later reads need none.
-                        children, = yield ("send", [("children", lockpath, None if watched else claim.on_watch)],
-                                           left)
+                        children, = yield ("send", [("children", lockpath,
+                                                     None if watched and not permit else claim.on_watch)], left)
                         if isinstance(children, NoNodeError):
                             children = []
                         else:
@@ -487,11 +497,14 @@ class ZooKeeperEngine(Engine):
                         self._orphan(f"{lockpath}/{child}")
                 blockers = _blockers([c for c in children if c == mine or not c.startswith(claim.prefix)],
                                      mine, r.mode)
-                if not blockers:
+                if len(blockers) < (r.permits if permit else 1):
                     return self._granted(claim)
                 if r.deadline is not None and time.monotonic() >= r.deadline:
                     yield from self._give_up(claim)
                     return None
+                if permit:
+                    yield from self._wait_for_change(claim, r, end)
+                    continue
                 granted = yield from self._wait(claim, r, blockers, end)
                 if granted:
                     return self._granted(claim)
@@ -554,6 +567,16 @@ class ZooKeeperEngine(Engine):
             if event.path == target:
                 return event.type == EventType.DELETED and only
             # a stale watch from an earlier look: keep waiting
+
+    def _wait_for_change(self, claim: _Claim, r: AcquireRequest, end: float | None) -> Steps:
+        """A semaphore's waiter: wait for its child watch (any node leaving may admit it), or
+        a dropped connection, or the deadline; the caller reads the children again."""
+        wait = None if r.deadline is None else r.deadline - time.monotonic()
+        if wait is not None and wait <= 0:
+            return
+        event = yield ("wait", claim.mailbox, wait)
+        if event is not None and event.type == EventType.NONE:
+            yield ("connect", min(self._left(end), self.session_timeout))
 
     def _mine(self, claim: _Claim, children: list[str]) -> str | None:
         """Return our node among ``children`` (after a create without answer: the earliest of
@@ -817,30 +840,33 @@ class ZooKeeperEngine(Engine):
 
     def describe(self, group: str | None = None) -> list[LockInfo]:
         def look(call: Callable[..., Any]) -> list[LockInfo]:
-            try:
-                groups = [group] if group else sorted(call("children", self.root, None))
-            except NoNodeError:
-                return []
             infos = []
-            for g in groups:
+            for kind, top in ((LOCK, self.root), (SEMAPHORE, f"{self.root}/:sem")):
                 try:
-                    names = sorted(call("children", f"{self.root}/{_escape(g) if g == group else g}", None))
+                    groups = [_escape(group)] if group else sorted(
+                        g for g in call("children", top, None) if not g.startswith(":"))
                 except NoNodeError:
                     continue
-                for n in names:
-                    info = self._describe_one(call, _unescape(g) if g != group else g, _unescape(n))
-                    if info is not None:
-                        infos.append(info)
+                for g in groups:
+                    try:
+                        names = sorted(call("children", f"{top}/{g}", None))
+                    except NoNodeError:
+                        continue
+                    for n in names:
+                        info = self._describe_one(call, kind, _unescape(g), _unescape(n))
+                        if info is not None:
+                            infos.append(info)
             return infos
         return self._sync(look, group)  # type: ignore[no-any-return]
 
-    def _describe_one(self, call: Callable[..., Any], group: str, name: str) -> LockInfo | None:
-        lockpath = self._lockpath(group, name)
+    def _describe_one(self, call: Callable[..., Any], kind: str, group: str, name: str) -> LockInfo | None:
+        lockpath = self._lockpath(group, name, PERMIT if kind == SEMAPHORE else WRITE)
         try:
             children = call("children", lockpath, None)
         except NoNodeError:
             return None
         nodes = []
+        permits = None
         for child in sorted(children, key=lambda c: c[-10:]):
             parsed = _parse(child)
             if parsed is None:
@@ -850,21 +876,26 @@ class ZooKeeperEngine(Engine):
                 data, stat = call("get", f"{lockpath}/{child}", None)
             except NoNodeError:
                 continue
+            if mode == PERMIT:
+                permits = int(data[1:] or 1) if permits is None else permits
             nodes.append((READ if data[:1] == b"r" else mode, owner, int(stat.czxid)))
         if not nodes:
             return None
         holders: list[tuple[str, str, int]] = []
-        for node in nodes:
-            if node[0] == WRITE:
-                if not holders:
-                    holders.append(node)
-                break
-            holders.append(node)
+        if kind == SEMAPHORE:
+            holders = nodes[:permits or 1]
+        else:
+            for node in nodes:
+                if node[0] == WRITE:
+                    if not holders:
+                        holders.append(node)
+                    break
+                holders.append(node)
         waiters = tuple(f"{mode}:{owner}" for mode, owner, _ in nodes[len(holders):])
         if not holders:
-            return LockInfo(group, name, None, (), waiters, None, None)
+            return LockInfo(group, name, None, (), waiters, None, None, kind, permits)
         return LockInfo(group, name, holders[0][0], tuple(h[1] for h in holders), waiters, None,
-                        max(h[2] for h in holders))
+                        max(h[2] for h in holders), kind, permits)
 
     def publish_stats(self, process: str, data: bytes, ttl: float) -> None:
         # An ephemeral node per process under ":stats" (never a group: groups hold no ":"):
@@ -900,8 +931,8 @@ class ZooKeeperEngine(Engine):
             return out
         return self._sync(look)  # type: ignore[no-any-return]
 
-    def force_release(self, group: str, name: str) -> bool:
-        lockpath = self._lockpath(group, name)
+    def force_release(self, group: str, name: str, kind: str = LOCK) -> bool:
+        lockpath = self._lockpath(group, name, PERMIT if kind == SEMAPHORE else WRITE)
 
         def drop(call: Callable[..., Any]) -> bool:
             try:
@@ -934,19 +965,21 @@ def _unescape(text: str) -> str:
 
 
 def _blockers(children: list[str], mine: str, mode: str) -> list[str]:
-    """The children before ``mine`` that block it, in sequence order (the last is nearest)."""
+    """The children before ``mine`` that block it, in sequence order (the last is nearest);
+    a semaphore's permit: every holder or waiter before it (it enters when fewer than the
+    permits are)."""
     seq = mine[-10:]
     ahead = sorted((c for c in children if c[-10:] < seq and _parse(c) is not None), key=lambda c: c[-10:])
-    if mode == WRITE:
+    if mode != READ:
         return ahead
     return [c for c in ahead if c.startswith("w-")]
 
 
 def _parse(child: str) -> tuple[str, str] | None:
     """(mode, owner) of a lock node's name, or None for something else."""
-    if len(child) < 13 or child[1] != "-" or child[0] not in "wr" or not child[-10:].isdigit():
+    if len(child) < 13 or child[1] != "-" or child[0] not in "wrp" or not child[-10:].isdigit():
         return None
-    return (WRITE if child[0] == "w" else READ), child[2:-11]
+    return {"w": WRITE, "r": READ, "p": PERMIT}[child[0]], child[2:-11]
 
 
 def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any) -> None:

@@ -13,4 +13,4 @@ for _, o in ipairs(queue) do
 end
 return {writer or '', wtok or 0, redis.call('PTTL', K.x),
         redis.call('ZRANGEBYSCORE', K.s, '(' .. now, '+inf', 'WITHSCORES'), queue, modes,
-        redis.call('HGETALL', K.t), now}
+        redis.call('HGETALL', K.t), now, redis.call('GET', base .. ':c')}

@@ -1,0 +1,28 @@
+-- permits.lua: a semaphore's machinery (spliced into the semaphore scripts at --@permits).
+-- A semaphore's keys are a lock's keys under its own base "<prefix>:{<group>:<name>}:p"
+-- (same hash tag: same Cluster slot as the lock of that name, but other keys): its holders
+-- are the s zset (owner -> lease deadline) with their tokens in t, its queue q with the
+-- waiters' w and n keys, its fence f, and c the number of permits last asked for.
+
+-- Grant permits to the live waiters at the head of the queue while permits are free; each
+-- gets its token pushed to the list it waits on (and the short lease until it renews).
+local function dispatch_permits(now, permits, evicted)
+  local free = permits - redis.call('ZCARD', K.s)
+  while free > 0 do
+    local head, v = live_head(evicted)
+    if not head then return end
+    local _, lease, _, wlease = parse_meta(v)
+    redis.call('LPOP', K.q)
+    redis.call('DEL', base .. ':w:' .. head)
+    if lease then                              -- (an unreadable request is dropped: its waiter asks again)
+      local tok = grant_read(head, math.min(lease, wlease), now)
+      notify(head, fmt(tok), wlease)
+      free = free - 1
+    end
+  end
+end
+
+-- Remember the permit count for describe() (and releases that do not say it).
+local function remember_permits(permits, lease)
+  redis.call('SET', base .. ':c', permits, 'PX', lease)
+end

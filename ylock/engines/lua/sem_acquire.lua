@@ -1,0 +1,57 @@
+-- sem_acquire.lua: take a permit of a semaphore; otherwise join (or stay in) its queue, or leave it.
+-- KEYS[1] = the semaphore's x key "<prefix>:{<group>:<name>}:p:x" (never set: it names the base)
+-- ARGV[1] owner   ARGV[2] permits   ARGV[3] flags: fair, stay, queued (as acquire.lua)
+-- ARGV[4] lease ms   ARGV[5] waiter lease ms
+-- Every grant lasts min(lease, waiter lease) until the owner's watchdog renews it (see acquire.lua).
+-- Returns {1, token, evicted...} when the owner holds a permit (taken now, or granted by a
+-- releaser meanwhile), or {0, ms until the earliest holder's lease runs out, evicted...}.
+--@common
+--@queue
+--@permits
+local o, permits, wlease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
+local lease = math.min(tonumber(ARGV[4]), wlease)
+local fair = string.sub(ARGV[3], 1, 1) == '1'
+local stay = string.sub(ARGV[3], 2, 2) == '1'
+local queued = string.sub(ARGV[3], 3, 3) == '1'
+local now = clock()
+expire_readers(now)
+remember_permits(permits, math.max(tonumber(ARGV[4]), wlease) * 2)
+local evicted = {}
+local function done(status, value)
+  local out = {status, value}
+  for _, e in ipairs(evicted) do table.insert(out, e) end
+  return out
+end
+
+-- Granted by a releaser while we waited (or asked again while holding): take it.
+if redis.call('ZSCORE', K.s, o) then
+  dequeue(o)
+  return done(1, grant_read(o, lease, now))
+end
+-- Non-fair: a free permit is taken before the queue is served.
+if not fair and redis.call('ZCARD', K.s) < permits then
+  if queued then dequeue(o) end
+  return done(1, grant_read(o, lease, now))
+end
+-- Serve the queue first (a larger count admits waiters at once), then see what is left.
+dispatch_permits(now, permits, evicted)
+if redis.call('ZSCORE', K.s, o) then
+  return done(1, grant_read(o, lease, now))
+end
+if redis.call('ZCARD', K.s) < permits and redis.call('LLEN', K.q) == 0 then
+  return done(1, grant_read(o, lease, now))
+end
+if stay then
+  local w = base .. ':w:' .. o
+  local request = 'permit|' .. ARGV[4] .. '|' .. fmt(now) .. '|' .. ARGV[5] .. '|' .. string.sub(ARGV[3], 1, 1)
+  if not queued or not redis.call('LPOS', K.q, o) then
+    redis.call('RPUSH', K.q, o)
+    redis.call('SET', w, request, 'PX', wlease)
+  elseif redis.call('PEXPIRE', w, wlease) == 0 then   -- still queued but counted dead: alive again
+    redis.call('SET', w, request, 'PX', wlease)
+  end
+else
+  dequeue(o)
+  dispatch_permits(now, permits, evicted)   -- leaving the queue may let others in
+end
+return done(0, blocked_for(now))

@@ -1,0 +1,23 @@
+-- sem_release.lua: give back one owner's permit, then hand free permits to the queue.
+-- KEYS[1] = the semaphore's x key (see sem_acquire.lua)
+-- ARGV[1] owner
+-- Returns {1 if the owner still held a permit (else 0: its lease had run out), evicted...}.
+--@common
+--@queue
+--@permits
+local o = ARGV[1]
+local now = clock()
+local held = 0
+local deadline = redis.call('ZSCORE', K.s, o)
+if deadline then
+  redis.call('ZREM', K.s, o)
+  redis.call('HDEL', K.t, o)
+  if tonumber(deadline) > now then held = 1 end
+end
+expire_readers(now)
+extend_shared(now)
+local evicted = {}
+dispatch_permits(now, tonumber(redis.call('GET', base .. ':c') or '1'), evicted)
+local out = {held}
+for _, e in ipairs(evicted) do table.insert(out, e) end
+return out
