@@ -28,8 +28,10 @@ LOST = "lost"
 WAITER_EVICTED = "waiter_evicted"
 SUSPENDED = "suspended"    # ZooKeeper session suspended: holds are at risk
 RECONNECTED = "reconnected"
+DETACHED = "detached"      # a hold left its owner as a ticket (nobody renews it until adopted)
+ADOPTED = "adopted"        # a ticket's hold has a new owner
 
-KINDS = (ACQUIRED, TIMED_OUT, RELEASED, RENEWED, LOST, WAITER_EVICTED, SUSPENDED, RECONNECTED)
+KINDS = (ACQUIRED, TIMED_OUT, RELEASED, RENEWED, LOST, WAITER_EVICTED, SUSPENDED, RECONNECTED, DETACHED, ADOPTED)
 
 
 class Event(NamedTuple):

@@ -24,15 +24,16 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ylock import events, options
 from ylock.engines.base import READ, WRITE, AcquireRequest, Engine
-from ylock.errors import LockLost, LockNotOwned, LockTimeout, LockUpgradeError
+from ylock.errors import ConfigurationError, LockError, LockLost, LockNotOwned, LockTimeout, LockUpgradeError
 from ylock.holds import HOLDS, LOCK, PERMIT, SEMAPHORE, Hold
 from ylock.names import check_group, check_name
 from ylock.owner import current_owner
+from ylock.owner import process_id as owner_process
 from ylock.waiting import DEFAULT_POLLING, Polling
 from ylock.watchdog import WATCHDOG
 
@@ -249,6 +250,90 @@ class _Holding:
         finally:
             if release.done() and not release.cancelled():
                 self._left(hold, mode, started, still_held)
+
+
+    # -- holds that change hands ----------------------------------------------------------------
+
+    def detach(self) -> Ticket:
+        """End this owner's hold here without releasing it on the server, and return a
+        :class:`Ticket` with which another thread or process takes it over
+        (:meth:`adopt`). Nobody renews the hold between the two: its lease bounds how long a
+        ticket that is never adopted blocks others."""
+        owner = current_owner()
+        hold = _holds.get(self._key(owner))
+        if hold is None:
+            raise LockNotOwned("this owner holds nothing to detach", group=self.group, name=self.name)
+        if hold.lost:
+            raise LockLost(f"this owner's hold was lost ({hold.lost_reason})", group=self.group, name=self.name)
+        modes = hold.held_modes()
+        if len(modes) != 1:
+            raise LockError("this owner holds both the write and the read lock (a downgrade): release one "
+                            "before detaching", group=self.group, name=self.name)
+        mode = modes[0][0]
+        HOLDS.remove(hold)
+        self.engine.detached(self.group, self.name, mode, owner, self.lease)
+        events.publish(events.DETACHED, self.group, self.name, self.engine.scheme, mode, owner=owner,
+                       token=hold.token)
+        return Ticket(self.kind, self.group, self.name, mode, owner, hold.token, self.lease, self.permits,
+                      owner_process())
+
+    @classmethod
+    def adopt(cls, engine: Engine, ticket: Ticket | Mapping[str, Any], **options: Any) -> Any:
+        """Take over the hold that ``ticket`` (from :meth:`detach`, or its :meth:`Ticket.as_dict`)
+        describes, as the calling thread or task, and return the lock (or semaphore: the
+        ticket says which) holding it: the token is unchanged, and this process's watchdog renews it from now on. Raise
+        :class:`LockLost` if the hold is gone (lost, or adopted already)."""
+        t = ticket if isinstance(ticket, Ticket) else Ticket.from_dict(ticket)
+        target: Lock | Semaphore = Semaphore(engine, t.group, t.name, permits=t.permits, lease=t.lease, **options) \
+            if t.kind == SEMAPHORE else Lock(engine, t.group, t.name, lease=t.lease, **options)
+        if not engine.adopts_across_processes and t.process != owner_process():
+            raise ConfigurationError(f"{type(engine).__name__} holds live in the session of the process that took "
+                                     "them: a ticket can be adopted only in the process that detached it",
+                                     group=t.group, name=t.name)
+        owner = current_owner()
+        if not engine.adopt(t.group, t.name, t.mode, t.owner, owner, t.token):
+            raise LockLost("the ticket's hold is gone: its lease ran out, it was force-released, or it was "
+                           "adopted already", group=t.group, name=t.name)
+        hold = Hold(engine, t.group, t.name, owner, t.lease, t.token, t.kind)
+        if t.mode == WRITE:
+            hold.writes = 1
+        else:
+            hold.reads = 1
+        HOLDS.add(hold)
+        if HOLDS.renew_from(hold, t.mode, target.polling.waiter_lease / 3):
+            WATCHDOG.ensure_running()
+        events.publish(events.ADOPTED, t.group, t.name, engine.scheme, t.mode, owner=owner, token=t.token)
+        return target
+
+
+class Ticket(NamedTuple):
+    """A detached hold, on its way to the owner that adopts it (:meth:`Lock.detach`,
+    :meth:`Lock.adopt`). Engine-independent and small; ``as_dict()`` is JSON-ready (for a
+    Celery task's headers, say), ``Ticket.from_dict()`` reads it back."""
+
+    kind: str             # "lock" or "semaphore"
+    group: str
+    name: str
+    mode: str             # "write", "read" or "permit"
+    owner: str            # the owner id that held it
+    token: int            # the fencing token, unchanged by the hand-over
+    lease: float
+    permits: int          # a semaphore's permits (0 for a lock)
+    process: str          # the process that detached it
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Ticket:
+        """Read a ticket back; raise ConfigurationError if it is not one."""
+        try:
+            ticket = cls(**{field: data[field] for field in cls._fields})
+        except (KeyError, TypeError) as exc:
+            raise ConfigurationError(f"not a ylock ticket: {data!r} ({exc})") from exc
+        check_group(ticket.group)
+        check_name(ticket.name)
+        return ticket
 
 
 class Lock(_Holding):

@@ -36,6 +36,11 @@ def _new_process_id() -> str:
 _process_id = _new_process_id()
 
 
+def process_id() -> str:
+    """Return this process's id: host, pid and a random part (new after fork)."""
+    return _process_id
+
+
 def new_owner() -> str:
     """Return a fresh owner id, unique across processes and hosts."""
     return f"{_process_id}:{next(_ids)}"

@@ -36,7 +36,7 @@ from ylock import options as opt
 from ylock.engines import engine_class_for_url, engine_from_path, engine_from_url
 from ylock.engines.base import Engine
 from ylock.errors import ConfigurationError
-from ylock.lock import Lock, Locks
+from ylock.lock import Lock, Locks, Semaphore, Semaphores
 from ylock.names import check_group, check_name
 from ylock.waiting import Polling
 
@@ -44,7 +44,7 @@ DEFAULT_ENGINE = "default"
 TOP_KEYS = {"ENGINES": None, "LOCKS": None, "METRICS": None, "DEFAULT_URL": None}
 ENGINE_KEYS = {"URL": None, "ENGINE": None, "OPTIONS": None}
 LOCK_DEFAULTS: dict[str, Any] = {"ENGINE": DEFAULT_ENGINE, "GROUP": None, "NAME": "global", "FAIR": True,
-                                 "LEASE": 30.0, "TIMEOUT": None, "POLLING": None}
+                                 "LEASE": 30.0, "TIMEOUT": None, "POLLING": None, "PERMITS": None}
 POLLING_KEYS = {"INITIAL": "initial", "MAXIMUM": "maximum", "MULTIPLIER": "multiplier", "JITTER": "jitter"}
 
 
@@ -61,6 +61,7 @@ class LockOptions:
     timeout: float | None     # None: wait forever
     timeout_set: bool         # TIMEOUT was given (the web plugins' default applies otherwise)
     polling: Polling | None
+    permits: int | None       # PERMITS: the name is also a semaphore with this many permits
 
 
 class Registry:
@@ -82,6 +83,7 @@ class Registry:
         self._options: dict[str, LockOptions] = {}
         self._locks: dict[str, Lock] = {}
         self._families: dict[str, Locks] = {}
+        self._sem_families: dict[tuple[str, int | None], Semaphores] = {}
         self._mutex = threading.RLock()
 
     # -- validation -------------------------------------------------------------------
@@ -196,7 +198,9 @@ class Registry:
             lease=opt.lease(conf["LEASE"], f"{where}['LEASE']"),
             timeout=opt.timeout(conf["TIMEOUT"], f"{where}['TIMEOUT']"),
             timeout_set=isinstance(raw, Mapping) and "TIMEOUT" in raw,
-            polling=polling(conf["POLLING"], f"{where}['POLLING']"))
+            polling=polling(conf["POLLING"], f"{where}['POLLING']"),
+            permits=None if conf["PERMITS"] is None else opt.number(
+                conf["PERMITS"], f"{where}['PERMITS']", minimum=1, maximum=1_000_000, integer=True))
 
     def lock(self, name: str) -> Lock:
         """Return the named :class:`~ylock.Lock` (built once)."""
@@ -215,6 +219,32 @@ class Registry:
             family = self._families[name] = Locks(self.engine(o.engine), o.group, fair=o.fair, lease=o.lease,
                                                   timeout=o.timeout, polling=o.polling)
         return family
+
+
+    def semaphore(self, name: str, permits: int | None = None) -> Semaphore:
+        """Return the named :class:`~ylock.Semaphore` (``permits``, else the PERMITS setting)."""
+        o = self.lock_options(name)
+        return Semaphore(self.engine(o.engine), o.group, o.lock_name, permits=self._permits(o, permits),
+                         fair=o.fair, lease=o.lease, timeout=o.timeout, polling=o.polling)
+
+    def semaphores(self, name: str, permits: int | None = None) -> Semaphores:
+        """Return the named :class:`~ylock.Semaphores` family (one semaphore per key)."""
+        key = (name, permits)
+        family = self._sem_families.get(key)
+        if family is None:
+            o = self.lock_options(name)
+            family = self._sem_families[key] = Semaphores(self.engine(o.engine), o.group,
+                                                          permits=self._permits(o, permits), fair=o.fair,
+                                                          lease=o.lease, timeout=o.timeout, polling=o.polling)
+        return family
+
+    def _permits(self, o: LockOptions, permits: int | None) -> int:
+        if permits is None:
+            permits = o.permits
+        if permits is None:
+            raise ConfigurationError(f"{self.where}['LOCKS'][{o.name!r}] needs PERMITS to be used as a semaphore "
+                                     "(or give permits= where it is used)", code=opt.E_LOCK_OPTION)
+        return permits
 
 
 def polling(value: Any, where: str) -> Polling | None:

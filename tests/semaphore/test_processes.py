@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_until
 from tests.semaphore import workers
 
 pytestmark = pytest.mark.slow
@@ -39,3 +40,50 @@ def test_all_of_in_opposite_orders_never_deadlocks(url: str, group: str) -> None
     with ProcessPoolExecutor(2, mp_context=spawn) as pool:
         futures = [pool.submit(workers.opposite_orders, url, group, reverse, rounds) for reverse in (False, True)]
         assert [f.result(timeout=240) for f in futures] == [rounds, rounds]
+
+
+def test_a_ticket_crosses_processes_and_keeps_token_and_exclusion(redis_server, group, tmp_path: Path) -> None:
+    import ylock
+    from ylock.testing.fencing import FencedRegister
+
+    engine = ylock.engine_from_url(redis_server.url)
+    lock = ylock.Lock(engine, group, "job", lease=2.0)
+    lock.lock()
+    token = lock.token
+    ticket = lock.detach().as_dict()
+    register = str(tmp_path / "register")
+    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+        # held for longer than its lease: the adopting process's watchdog renews it
+        adopted = pool.submit(workers.adopt_and_hold, redis_server.url, ticket, register, 3.0)
+        wait_until(lambda: FencedRegister(register).accepted == 1, timeout=30, what="the adopter inside")
+        assert ylock.Lock(engine, group, "job").try_lock(0.5) is False     # still held, by the adopter
+        assert adopted.result(timeout=60) == (token, True)
+    with pytest.raises(ylock.LockLost):
+        ylock.Lock.adopt(engine, ticket)                                    # adopted once
+    assert ylock.Lock(engine, group, "job").try_lock(1) is True
+
+
+def test_a_ticket_never_adopted_frees_after_its_lease(url: str, group: str) -> None:
+    import time
+
+    import ylock
+
+    engine = ylock.engine_from_url(url)
+    lock = ylock.Lock(engine, group, "job", lease=1.0)
+    lock.lock()
+    lock.detach()
+    started = time.monotonic()
+    other = ylock.Lock(ylock.engine_from_url(url), group, "job")
+    assert other.try_lock(10) is True
+    assert time.monotonic() - started < 1.0 + 1.5                         # the lease bounds it
+
+
+def test_zookeeper_refuses_a_ticket_from_another_process(zookeeper_server, group) -> None:
+    import ylock
+
+    url = zookeeper_server.url("/tickets")
+    lock = ylock.Lock(ylock.engine_from_url(url), group, "job")
+    lock.lock()
+    ticket = lock.detach()._replace(process="another-host:1:abc")
+    with pytest.raises(ylock.ConfigurationError, match="only in the process that detached it"):
+        ylock.Lock.adopt(ylock.engine_from_url(url), ticket)

@@ -59,3 +59,17 @@ def opposite_orders(url: str, group: str, reverse: bool, rounds: int) -> int:
         with ylock.all_of(guards[0](), guards[1](), timeout=30):
             done += 1
     return done
+
+
+def adopt_and_hold(url: str, ticket: dict[str, Any], register: str, hold_for: float) -> tuple[int, bool]:
+    """Adopt a ticket in this process, write to the fenced register with its token, keep it
+    ``hold_for`` seconds (renewed by this process's watchdog), release."""
+    from ylock.testing.fencing import FencedRegister
+
+    lock = ylock.Lock.adopt(ylock.engine_from_url(url), ticket)
+    accepted = FencedRegister(register).increment(lock.token)  # type: ignore[arg-type]
+    time.sleep(hold_for)
+    token = lock.token
+    lost = lock.lost
+    lock.unlock()
+    return token, accepted and not lost  # type: ignore[return-value]

@@ -174,6 +174,22 @@ class Engine(abc.ABC):
         """Drop every holder and waiter of a lock (``kind="semaphore"``: of a semaphore);
         return True if anybody held it."""
 
+    # -- holds that change hands ---------------------------------------------------------------
+
+    #: False if only the process that detached a hold may adopt it (ZooKeeper: its session).
+    adopts_across_processes: ClassVar[bool] = True
+
+    def detached(self, group: str, name: str, mode: str, owner: str, lease: float) -> None:
+        """A hold was detached (nobody renews it now): an engine whose holds do not expire
+        by themselves bounds its life to ``lease`` seconds unless adopted meanwhile."""
+
+    def adopt(self, group: str, name: str, mode: str, old_owner: str, new_owner: str, token: int) -> bool:
+        """Make ``new_owner`` the holder of ``old_owner``'s hold in ``mode`` (a detached hold,
+        see :meth:`ylock.Lock.detach`), keeping ``token`` and the lease left; return False if
+        ``old_owner`` no longer holds it with that token (lost, or adopted already)."""
+        raise ConfigurationError(f"{type(self).__name__} cannot hand a hold from one owner to another",
+                                 code=E_ENGINE_URL)
+
     # -- the deployment's statistics -------------------------------------------------------
 
     def publish_stats(self, process: str, data: bytes, ttl: float) -> None:

@@ -308,6 +308,25 @@ class LocalEngine(Engine):
                                       state.permits if kind == SEMAPHORE else None))
         return infos
 
+    def adopt(self, group: str, name: str, mode: str, old_owner: str, new_owner: str, token: int) -> bool:
+        with self._mutex:
+            state = self._states.get((_kind(mode), group, name))
+            if state is None:
+                return False
+            state.expire(time.monotonic())
+            if state.tokens.get(old_owner) != token:
+                return False
+            if mode == WRITE:
+                if state.writer != old_owner:
+                    return False
+                state.writer = new_owner
+            elif old_owner in state.readers:
+                state.readers[new_owner] = state.readers.pop(old_owner)
+            else:
+                return False
+            state.tokens[new_owner] = state.tokens.pop(old_owner)
+            return True
+
     def publish_stats(self, process: str, data: bytes, ttl: float) -> None:
         with self._mutex:
             self._stats[process] = (data, time.monotonic() + ttl)

@@ -81,7 +81,7 @@ def _script(name: str) -> str:
 
 # Script templates; each engine fills in its own constants (fewer arguments per call).
 _SOURCES = {name: _script(f"{name}.lua") for name in ("acquire", "release", "renew", "describe", "force_release",
-                                                     "sem_acquire", "sem_release")}
+                                                     "sem_acquire", "sem_release", "adopt")}
 
 
 class RedisEngine(Engine):
@@ -546,6 +546,11 @@ class RedisEngine(Engine):
             token = max((token_of[o] for o in owners if o in token_of), default=None)
             return LockInfo(group, name, PERMIT if semaphore else READ, owners, waiters, ttl, token, kind, count)
         return LockInfo(group, name, None, (), waiters, None, None, kind, count)
+
+    def adopt(self, group: str, name: str, mode: str, old_owner: str, new_owner: str, token: int) -> bool:
+        with self._errors(group, name):
+            return bool(self._run("adopt", self._key(group, name, mode), [old_owner, new_owner, mode, str(token)],
+                                  self.socket_timeout))
 
     def publish_stats(self, process: str, data: bytes, ttl: float) -> None:
         with self._errors():

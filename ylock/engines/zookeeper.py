@@ -154,6 +154,7 @@ class ZooKeeperEngine(Engine):
 
     scheme = "zookeeper"
     needs_renewal = False
+    adopts_across_processes = False
     url_options = {"session_timeout": float, "connect_timeout": float, "root": str, "idle": float}
 
     def __init__(self, url: str, *, session_timeout: float = 10.0, connect_timeout: float = 2.0,
@@ -191,6 +192,7 @@ class ZooKeeperEngine(Engine):
         self._creating: set[tuple[str, str]] = set()    # (lockpath, prefix) with a create in flight
         self._orphans: set[str] = set()          # nodes to delete once connected
         self._orphan_prefixes: set[tuple[str, str]] = set()   # (lockpath, prefix): any such node not live
+        self._expiring: dict[tuple[str, str, str, str], tuple[_Claim, float]] = {}   # detached holds: until
         self._released: dict[str, float] = {}    # lock path -> when it was last released
         self._keeper: threading.Thread | None = None
         self._keeper_wake = threading.Condition(threading.Lock())
@@ -764,7 +766,16 @@ class ZooKeeperEngine(Engine):
         client = self._client
         if client is None or not client.connected:
             return 0
+        now = time.monotonic()
         with self._mutex:
+            for key, (claim, until) in list(self._expiring.items()):
+                if until <= now:           # a detached hold nobody adopted within its lease
+                    del self._expiring[key]
+                    if self._claims.get(key) is claim and claim.node is not None:
+                        del self._claims[key]
+                        claim.released = True
+                        self._live.discard(claim.node)
+                        self._orphans.add(claim.node)
             orphans, self._orphans = self._orphans, set()
             prefixes, self._orphan_prefixes = self._orphan_prefixes, set()
             recheck = [c for c in self._claims.values() if c.recheck and not c.lost]
@@ -896,6 +907,29 @@ class ZooKeeperEngine(Engine):
             return LockInfo(group, name, None, (), waiters, None, None, kind, permits)
         return LockInfo(group, name, holders[0][0], tuple(h[1] for h in holders), waiters, None,
                         max(h[2] for h in holders), kind, permits)
+
+    def detached(self, group: str, name: str, mode: str, owner: str, lease: float) -> None:
+        # The session keeps the node alive: a ticket never adopted would block for good.
+        with self._mutex:
+            claim = self._claims.get((group, name, owner, mode))
+            if claim is not None:
+                self._expiring[claim.key] = (claim, time.monotonic() + lease)
+        self._start_keeper()
+
+    def adopt(self, group: str, name: str, mode: str, old_owner: str, new_owner: str, token: int) -> bool:
+        """Within this process only: the node stays where it is (in this engine's session) and
+        changes owner here. Across processes a ZooKeeper hold cannot change hands: it lives in
+        the session that created its node, and a node made anew in another session would get a
+        new place in the queue (or, at the old place, mislead the waiter watching it)."""
+        with self._mutex:
+            claim = self._claims.get((group, name, old_owner, mode))
+            if claim is None or claim.lost or claim.token != token or claim.node is None:
+                return False
+            del self._claims[(group, name, old_owner, mode)]
+            self._expiring.pop(claim.key, None)
+            claim.key = (group, name, new_owner, mode)
+            self._claims[claim.key] = claim
+        return True
 
     def publish_stats(self, process: str, data: bytes, ttl: float) -> None:
         # An ephemeral node per process under ":stats" (never a group: groups hold no ":"):
