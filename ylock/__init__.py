@@ -22,7 +22,7 @@ from ylock.errors import (
 from ylock.holds import HOLDS
 from ylock.lock import DEFAULT, Guard, Lock, Locks, Semaphore, Semaphores
 from ylock.multi import all_of
-from ylock.owner import current_owner, owner_scope, run_as
+from ylock.owner import context, current_owner, owner_scope, run_as
 from ylock.waiting import Polling
 from ylock.watchdog import WATCHDOG
 
@@ -32,6 +32,7 @@ __all__ = [
     "Lock", "Locks", "Semaphore", "Semaphores", "Guard", "all_of",
     "Engine", "LockInfo", "AcquireRequest", "RenewItem", "Polling",
     "READ", "WRITE", "DEFAULT", "engine_from_url", "engine_from_path", "current_owner", "owner_scope", "run_as",
+    "context",
     "events", "WATCHDOG", "HOLDS",
     "LockError", "LockTimeout", "LockNotOwned", "LockLost", "LockUpgradeError",
     "EngineUnavailable", "ConfigurationError",

@@ -32,7 +32,7 @@ from ylock.engines.base import READ, WRITE, AcquireRequest, Engine
 from ylock.errors import ConfigurationError, LockError, LockLost, LockNotOwned, LockTimeout, LockUpgradeError
 from ylock.holds import HOLDS, LOCK, PERMIT, SEMAPHORE, Hold
 from ylock.names import check_group, check_name
-from ylock.owner import current_owner
+from ylock.owner import current_owner, describe_holder
 from ylock.owner import process_id as owner_process
 from ylock.waiting import DEFAULT_POLLING, Polling
 from ylock.watchdog import WATCHDOG
@@ -115,9 +115,10 @@ class _Holding:
 
     # -- the work (shared by both worlds; only the engine call differs) ---------------------------
 
-    def _request(self, mode: str, owner: str, deadline: float | None) -> AcquireRequest:
+    def _request(self, mode: str, owner: str, deadline: float | None,
+                 context: Mapping[str, Any] | None = None) -> AcquireRequest:
         return AcquireRequest(self.group, self.name, owner, mode, self.fair, self.lease, deadline, self.polling,
-                              self.permits)
+                              self.permits, describe_holder(context))
 
     def _reenter(self, hold: Hold, mode: str) -> bool:
         """Count a re-entry of this owner's hold without a round trip; return False when the
@@ -168,7 +169,8 @@ class _Holding:
                        owner=owner, token=token, wait=waited)
         return True
 
-    def _acquire(self, mode: str, timeout: Any, raise_on_timeout: bool) -> bool:
+    def _acquire(self, mode: str, timeout: Any, raise_on_timeout: bool,
+                 context: Mapping[str, Any] | None = None) -> bool:
         timeout = options.timeout(timeout)
         owner = current_owner()
         hold = _holds.get(self._key(owner))
@@ -177,10 +179,12 @@ class _Holding:
             return self._reenter(hold, mode) or self._downgraded(
                 hold, self.engine.acquire(self._request(mode, owner, time.monotonic())))
         started = time.monotonic()
-        token = self.engine.acquire(self._request(mode, owner, None if timeout is None else started + timeout))
+        token = self.engine.acquire(self._request(mode, owner, None if timeout is None else started + timeout,
+                                                  context))
         return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
 
-    async def _aacquire(self, mode: str, timeout: Any, raise_on_timeout: bool) -> bool:
+    async def _aacquire(self, mode: str, timeout: Any, raise_on_timeout: bool,
+                        context: Mapping[str, Any] | None = None) -> bool:
         timeout = options.timeout(timeout)
         owner = current_owner()
         hold = _holds.get(self._key(owner))
@@ -188,7 +192,8 @@ class _Holding:
             return self._reenter(hold, mode) or self._downgraded(
                 hold, await self.engine.aacquire(self._request(mode, owner, time.monotonic())))
         started = time.monotonic()
-        token = await self.engine.aacquire(self._request(mode, owner, None if timeout is None else started + timeout))
+        token = await self.engine.aacquire(self._request(mode, owner, None if timeout is None else started + timeout,
+                                                         context))
         return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
 
     def _leave(self, mode: str, owner: str) -> Hold | None:
@@ -397,13 +402,14 @@ class Lock(_Holding):
 
     # -- context managers and decorators --------------------------------------------------
 
-    def write(self, timeout: float | None = DEFAULT) -> Guard:
-        """Return a context manager (and decorator) holding the write lock."""
-        return Guard(self, WRITE, self.timeout if timeout is DEFAULT else timeout)
+    def write(self, timeout: float | None = DEFAULT, *, context: Mapping[str, Any] | None = None) -> Guard:
+        """Return a context manager (and decorator) holding the write lock; ``context``:
+        fields added to what the hold says its owner is doing (see :func:`ylock.context`)."""
+        return Guard(self, WRITE, self.timeout if timeout is DEFAULT else timeout, context)
 
-    def read(self, timeout: float | None = DEFAULT) -> Guard:
+    def read(self, timeout: float | None = DEFAULT, *, context: Mapping[str, Any] | None = None) -> Guard:
         """Return a context manager (and decorator) holding the read lock."""
-        return Guard(self, READ, self.timeout if timeout is DEFAULT else timeout)
+        return Guard(self, READ, self.timeout if timeout is DEFAULT else timeout, context)
 
     def __enter__(self) -> Lock:
         self.lock()
@@ -546,9 +552,9 @@ class Semaphore(_Holding):
         """:meth:`release` from an asyncio task (completes even if the task is cancelled)."""
         await self._arelease(PERMIT)
 
-    def hold(self, timeout: float | None = DEFAULT) -> Guard:
+    def hold(self, timeout: float | None = DEFAULT, *, context: Mapping[str, Any] | None = None) -> Guard:
         """Return a context manager (and decorator, sync or async) holding a permit."""
-        return Guard(self, PERMIT, self.timeout if timeout is DEFAULT else timeout)
+        return Guard(self, PERMIT, self.timeout if timeout is DEFAULT else timeout, context)
 
     def held(self, mode: str | None = None) -> bool:
         """Return True if this owner holds a permit."""
@@ -599,15 +605,17 @@ class Guard:
     task cancelled while it waits (or inside the block) leaves nothing held.
     """
 
-    __slots__ = ("_lock", "_mode", "_timeout")
+    __slots__ = ("_lock", "_mode", "_timeout", "_context")
 
-    def __init__(self, lock: Any, mode: str, timeout: float | None) -> None:
+    def __init__(self, lock: Any, mode: str, timeout: float | None,
+                 context: Mapping[str, Any] | None = None) -> None:
         self._lock = lock
         self._mode = mode
         self._timeout = options.timeout(timeout)
+        self._context = context
 
     def __enter__(self) -> Any:
-        self._lock._acquire(self._mode, self._timeout, True)
+        self._lock._acquire(self._mode, self._timeout, True, self._context)
         return self._lock
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -615,7 +623,7 @@ class Guard:
         self._lock._release(self._mode)
 
     async def __aenter__(self) -> Any:
-        await self._lock._aacquire(self._mode, self._timeout, True)
+        await self._lock._aacquire(self._mode, self._timeout, True, self._context)
         return self._lock
 
     async def __aexit__(self, *exc: object) -> None:
@@ -678,13 +686,15 @@ class Locks:
         """Release the read lock of ``name``."""
         self[name].runlock()
 
-    def write(self, name: str, timeout: float | None = DEFAULT) -> Guard:
+    def write(self, name: str, timeout: float | None = DEFAULT, *,
+              context: Mapping[str, Any] | None = None) -> Guard:
         """Return a context manager holding the write lock of ``name``."""
-        return self[name].write(timeout)
+        return self[name].write(timeout, context=context)
 
-    def read(self, name: str, timeout: float | None = DEFAULT) -> Guard:
+    def read(self, name: str, timeout: float | None = DEFAULT, *,
+             context: Mapping[str, Any] | None = None) -> Guard:
         """Return a context manager holding the read lock of ``name``."""
-        return self[name].read(timeout)
+        return self[name].read(timeout, context=context)
 
     async def alock(self, name: str, timeout: float | None = DEFAULT) -> None:
         """Acquire the write lock of ``name`` from an asyncio task (see :meth:`Lock.alock`)."""

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import socket
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -88,6 +89,52 @@ def owner_scope(owner: str | None = None) -> Iterator[str]:
         yield _scoped.get()  # type: ignore[misc]
     finally:
         _scoped.reset(token)
+
+
+# -- what an owner is doing (shown with its holds) ---------------------------------------------
+
+_doing: ContextVar[dict[str, object] | None] = ContextVar("ylock_context", default=None)
+#: The most a hold's description may take, as JSON (the rest is dropped).
+MAX_CONTEXT = 512
+
+
+@contextmanager
+def context(what: str | None = None, **fields: object) -> Iterator[dict[str, object]]:
+    """Describe what the code in this block does, for the holds it takes (``describe()``,
+    ``ylock list``, the admin page): ``what`` a short phrase ("POST /orders/{id}", "nightly
+    export"), ``fields`` small values (an id you choose; never a secret, a session, a query
+    string). Scopes nest; the inner one's fields win. The web plugins, the Celery plugin
+    and the command lines open one for you (method and path, task name and id, command)."""
+    merged = dict(_doing.get() or {})
+    if what is not None:
+        merged["what"] = what
+    merged.update(fields)
+    token = _doing.set(merged)
+    try:
+        yield merged
+    finally:
+        _doing.reset(token)
+
+
+def describe_holder(extra: Mapping[str, object] | None = None) -> str:
+    """The JSON description of what the calling code is doing, bounded to
+    :data:`MAX_CONTEXT` bytes ("" if nothing was said)."""
+    fields = _doing.get()
+    if not fields and not extra:
+        return ""
+    out: dict[str, object] = {}
+    size = 2
+    for key, value in {**(fields or {}), **(extra or {})}.items():
+        if not isinstance(value, (str, int, float, bool)) or value is None:
+            value = str(value)
+        if isinstance(value, str) and len(value) > 200:
+            value = value[:199] + "…"
+        item = len(json.dumps({str(key)[:40]: value}))
+        if size + item > MAX_CONTEXT:
+            continue
+        out[str(key)[:40]] = value
+        size += item
+    return json.dumps(out, separators=(",", ":"), ensure_ascii=False)
 
 
 def _after_fork_in_child() -> None:

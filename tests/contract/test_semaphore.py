@@ -272,3 +272,26 @@ def test_a_detached_hold_is_adopted_by_another_owner(engine, group, kind):
     with pytest.raises(ylock.LockLost, match="adopted already|gone"):
         ylock.Lock.adopt(engine, ticket)             # a ticket is adopted once
     assert not [i for i in engine.describe(group) if i.owners]
+
+
+# -- what holders are doing --------------------------------------------------------------------
+
+
+def test_holds_say_what_their_owners_are_doing(engine, group):
+    lock = ylock.Lock(engine, group, "n")
+    permits = sem(engine, group, permits=2)
+    before = time.time()
+    with ylock.context("POST /orders/{id}", order=42):
+        with lock.write(timeout=5, context={"step": "charge"}), permits.hold(timeout=5):
+            infos = {i.kind: i for i in engine.describe(group)}
+            me = ylock.current_owner()
+            said = infos["lock"].context[me]
+            assert said["what"] == "POST /orders/{id}" and said["order"] == 42 and said["step"] == "charge"
+            assert said["pid"] == __import__("os").getpid() and said["host"]
+            assert before - 1 <= said["since"] <= time.time() + 1
+            assert infos["semaphore"].context[me]["order"] == 42
+            assert "step" not in infos["semaphore"].context[me]
+    with lock.write(timeout=5):
+        info = next(i for i in engine.describe(group) if i.kind == "lock")
+        assert set(info.context[ylock.current_owner()]) == {"host", "pid", "since"}   # nothing said
+    assert not [i for i in engine.describe(group) if i.owners]

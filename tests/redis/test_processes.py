@@ -21,8 +21,10 @@ spawn = multiprocessing.get_context("spawn")
 
 
 def run_counter(url: str, group: str, processes: int, iterations: int, use_lock: bool, fair: bool = True) -> int:
-    with ProcessPoolExecutor(processes, mp_context=spawn) as pool:
-        futures = [pool.submit(workers.counter, url, group, iterations, use_lock, fair) for _ in range(processes)]
+    with spawn.Manager() as manager, ProcessPoolExecutor(processes, mp_context=spawn) as pool:
+        start = manager.Barrier(processes)          # all begin together: the race is real
+        futures = [pool.submit(workers.counter, url, group, iterations, use_lock, fair, start)
+                   for _ in range(processes)]
         results = [f.result(timeout=120) for f in futures]
     if use_lock:
         tokens = sorted(t for r in results for t in r["tokens"])

@@ -10,11 +10,16 @@ import redis
 import ylock
 
 
-def counter(url: str, group: str, iterations: int, use_lock: bool, fair: bool = True) -> dict[str, Any]:
-    """Increment a Redis counter non-atomically (GET, pause, SET), inside the lock or not."""
+def counter(url: str, group: str, iterations: int, use_lock: bool, fair: bool = True,
+            start: Any = None) -> dict[str, Any]:
+    """Increment a Redis counter non-atomically (GET, pause, SET), inside the lock or not;
+    with ``start`` (a barrier), every process begins at once."""
     engine = ylock.engine_from_url(url)
     lock = ylock.Lock(engine, group, "counter", fair=fair, lease=5)
     client = redis.Redis.from_url(url)
+    client.ping()
+    if start is not None:
+        start.wait(60)
     tokens = []
     for _ in range(iterations):
         if use_lock:

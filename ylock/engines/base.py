@@ -26,12 +26,13 @@ import abc
 import asyncio
 import collections
 import contextlib
+import json
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 from urllib.parse import parse_qsl
 
@@ -61,6 +62,9 @@ class LockInfo:
     token: int | None           # fencing token of the current (latest) hold
     kind: str = LOCK            # "lock" or "semaphore"
     permits: int | None = None  # a semaphore's number of permits (as last asked for)
+    #: What each holder and waiter said it was doing (ylock.context), with "since" (epoch
+    #: seconds it took the hold, or queued), by owner; host and pid come from the owner id.
+    context: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
         """Return a JSON-ready dict of the fields."""
@@ -68,8 +72,29 @@ class LockInfo:
             "kind": self.kind, "group": self.group, "name": self.name, "mode": self.mode,
             "owners": list(self.owners), "waiters": list(self.waiters),
             "ttl": None if self.ttl is None else round(self.ttl, 3), "token": self.token,
-            "permits": self.permits,
+            "permits": self.permits, "context": {o: dict(c) for o, c in self.context.items()},
         }
+
+
+def holder_context(owner: str, since: float | None, raw: str | bytes | None) -> dict[str, Any]:
+    """The description of one holder for :attr:`LockInfo.context`: what it said (the JSON of
+    ``ylock.context``), since when (epoch seconds), and its host and pid (from its owner id,
+    ``host:pid:random:n``)."""
+    out: dict[str, Any] = {}
+    if raw:
+        try:
+            said = json.loads(raw)
+            if isinstance(said, dict):
+                out.update(said)
+        except ValueError:
+            pass
+    parts = owner.split(":")
+    if len(parts) >= 4:
+        out["host"] = parts[0]
+        out["pid"] = int(parts[1]) if parts[1].isdigit() else parts[1]
+    if since is not None:
+        out["since"] = round(since, 3)
+    return out
 
 
 class AcquireRequest(NamedTuple):
@@ -85,6 +110,7 @@ class AcquireRequest(NamedTuple):
     deadline: float | None      # time.monotonic() deadline; None waits forever; <= now tries once
     polling: Polling
     permits: int = 0            # mode "permit": the semaphore's number of permits
+    context: str = ""           # what the owner is doing, JSON (ylock.context): stored with the hold
 
 
 class Engine(abc.ABC):

@@ -32,6 +32,7 @@ from ylock.engines.base import (
     RenewItem,
     Steps,
     arun_steps,
+    holder_context,
     run_steps,
 )
 from ylock.errors import ConfigurationError
@@ -55,17 +56,20 @@ class _State:
     queue: deque[_Waiter] = field(default_factory=deque)
     last_token: int | None = None
     permits: int = 0                 # a semaphore's number of permits, as last asked for
+    notes: dict[str, tuple[float, str]] = field(default_factory=dict)   # owner -> (since, what it does)
 
     def expire(self, now: float) -> None:
         if self.writer is not None and self.writer_deadline <= now:
             if self.writer not in self.readers:
                 self.tokens.pop(self.writer, None)
+                self.notes.pop(self.writer, None)
             self.writer = None
         for owner, deadline in list(self.readers.items()):
             if deadline <= now:
                 del self.readers[owner]
                 if owner != self.writer:
                     self.tokens.pop(owner, None)
+                    self.notes.pop(owner, None)
 
     def empty(self) -> bool:
         return self.writer is None and not self.readers and not self.queue
@@ -232,6 +236,8 @@ class LocalEngine(Engine):
         return await op[1].await_(op[2])
 
     def _grant(self, state: _State, r: AcquireRequest, now: float) -> int:
+        if r.owner not in state.notes:
+            state.notes[r.owner] = (time.time(), r.context)
         if r.mode == WRITE:
             state.writer = r.owner
             state.writer_deadline = now + r.lease
@@ -258,6 +264,7 @@ class LocalEngine(Engine):
                 held = True
             if state.writer != owner and owner not in state.readers:
                 state.tokens.pop(owner, None)
+                state.notes.pop(owner, None)
             self._tidy(_kind(mode), group, name, state)
             _wake(state)
             return held
@@ -302,10 +309,11 @@ class LocalEngine(Engine):
                         max(state.readers.values())
                 else:
                     mode, owners, until = None, (), None
+                notes = {o: holder_context(o, *state.notes[o]) for o in owners if o in state.notes}
                 infos.append(LockInfo(g, n, mode, owners, tuple(f"{w.mode}:{w.owner}" for w in state.queue),
                                       None if until is None else max(0.0, until - now),
                                       state.last_token if owners else None, kind,
-                                      state.permits if kind == SEMAPHORE else None))
+                                      state.permits if kind == SEMAPHORE else None, notes))
         return infos
 
     def adopt(self, group: str, name: str, mode: str, old_owner: str, new_owner: str, token: int) -> bool:
@@ -325,6 +333,8 @@ class LocalEngine(Engine):
             else:
                 return False
             state.tokens[new_owner] = state.tokens.pop(old_owner)
+            if old_owner in state.notes:
+                state.notes[new_owner] = state.notes.pop(old_owner)
             return True
 
     def publish_stats(self, process: str, data: bytes, ttl: float) -> None:
@@ -345,6 +355,7 @@ class LocalEngine(Engine):
             state.writer = None
             state.readers.clear()
             state.tokens.clear()
+            state.notes.clear()
             _wake(state)
             self._tidy(kind, group, name, state)
             return had

@@ -54,6 +54,7 @@ from ylock.engines.base import (
     RenewItem,
     Steps,
     arun_steps,
+    holder_context,
     run_steps,
 )
 from ylock.engines.redis_clients import Clients, split_url
@@ -237,7 +238,7 @@ class RedisEngine(Engine):
         fair = "1" if r.fair else "0"
         return (self._key(r.group, r.name, r.mode),
                 [r.owner, r.permits if r.mode == PERMIT else r.mode, fair + "10", int(r.lease * 1000),
-                 int(r.polling.waiter_lease * 1000)])
+                 int(r.polling.waiter_lease * 1000), r.context])
 
     def acquire(self, request: AcquireRequest) -> int | None:
         r = request
@@ -528,7 +529,7 @@ class RedisEngine(Engine):
         semaphore = base.endswith(":p")
         tag = base[len(self.prefix) + 2:base.rindex("}")]
         group, _, name = tag.partition(":")
-        writer, writer_token, writer_ttl, shared, queue, modes, tokens, now, permits = \
+        writer, writer_token, writer_ttl, shared, queue, modes, tokens, now, permits, notes = \
             self._run("describe", f"{base}:x", [])
         dec = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
         writer = dec(writer)
@@ -537,15 +538,22 @@ class RedisEngine(Engine):
         token_of = {dec(tokens[i]): int(tokens[i + 1]) for i in range(0, len(tokens), 2)}
         mode_of = {dec(modes[i]): dec(modes[i + 1]) for i in range(0, len(modes), 2)}
         waiters = tuple(f"{mode_of.get(dec(o), '?')}:{dec(o)}" for o in queue)
+        context = {}
+        for i in range(0, len(notes), 2):
+            since, _, said = dec(notes[i + 1]).partition("|")
+            context[dec(notes[i])] = holder_context(dec(notes[i]), int(since) / 1000 if since.isdigit() else None,
+                                                    said)
         if writer:
-            return LockInfo(group, name, WRITE, (writer,), waiters, max(0, writer_ttl) / 1000, int(writer_token))
+            return LockInfo(group, name, WRITE, (writer,), waiters, max(0, writer_ttl) / 1000, int(writer_token),
+                            context=context)
         kind, count = (SEMAPHORE, int(permits)) if semaphore and permits else (LOCK, None)
         if shared:
             owners = tuple(sorted(dec(shared[i]) for i in range(0, len(shared), 2)))
             ttl = (max(float(shared[i]) for i in range(1, len(shared), 2)) - now) / 1000
             token = max((token_of[o] for o in owners if o in token_of), default=None)
-            return LockInfo(group, name, PERMIT if semaphore else READ, owners, waiters, ttl, token, kind, count)
-        return LockInfo(group, name, None, (), waiters, None, None, kind, count)
+            return LockInfo(group, name, PERMIT if semaphore else READ, owners, waiters, ttl, token, kind, count,
+                            context)
+        return LockInfo(group, name, None, (), waiters, None, None, kind, count, context)
 
     def adopt(self, group: str, name: str, mode: str, old_owner: str, new_owner: str, token: int) -> bool:
         with self._errors(group, name):

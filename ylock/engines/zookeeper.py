@@ -101,6 +101,7 @@ from ylock.engines.base import (
     Mailbox,
     Steps,
     arun_steps,
+    holder_context,
     run_steps,
     settle,
 )
@@ -120,7 +121,7 @@ class _Claim:
     """One owner's node on one lock: first a request (it may wait), then a hold."""
 
     __slots__ = ("engine", "key", "lockpath", "prefix", "mode", "node", "token", "mailbox", "held", "lost",
-                 "released", "own_watched", "recheck", "downgraded", "unsure")
+                 "released", "own_watched", "recheck", "downgraded", "unsure", "context")
 
     def __init__(self, engine: ZooKeeperEngine, key: tuple[str, str, str, str], lockpath: str, mode: str) -> None:
         self.engine = engine
@@ -138,6 +139,7 @@ class _Claim:
         self.recheck = False                    # the connection dropped: look at our node again
         self.downgraded = False                 # a read hold rides on this write node
         self.unsure = False                     # a create got no answer: our node may exist
+        self.context = ""                       # what the owner said it is doing (JSON)
 
     def on_watch(self, event: Any) -> None:
         """Every watch of this claim calls this, in kazoo's thread: never block here."""
@@ -441,7 +443,8 @@ class ZooKeeperEngine(Engine):
         # A semaphore's node carries the permit count asked for (describe() shows it), and
         # its holders and waiters keep a child watch: any node leaving may let one in.
         permit = r.mode == PERMIT
-        data = f"p{r.permits}".encode() if permit else _LETTER[r.mode].encode()
+        claim.context = r.context
+        data = (f"p{r.permits}|" if permit else _LETTER[r.mode]).encode() + r.context.encode()
         end = None if r.deadline is None else r.deadline + self.connect_timeout
         flight = (lockpath, claim.prefix)
         watched = False              # a children read has left its child watch
@@ -656,7 +659,7 @@ class ZooKeeperEngine(Engine):
                 # The write hold ends, the read hold stays on the same node: other readers
                 # may share it now, writers still wait (the node keeps its place).
                 try:
-                    yield ("send", [("set", claim.node, b"r")], self.connect_timeout)
+                    yield ("send", [("set", claim.node, b"r" + claim.context.encode())], self.connect_timeout)
                 except EngineUnavailable:
                     self._claims[(group, name, owner, mode)] = claim
                     raise
@@ -878,6 +881,7 @@ class ZooKeeperEngine(Engine):
             return None
         nodes = []
         permits = None
+        context = {}
         for child in sorted(children, key=lambda c: c[-10:]):
             parsed = _parse(child)
             if parsed is None:
@@ -887,8 +891,11 @@ class ZooKeeperEngine(Engine):
                 data, stat = call("get", f"{lockpath}/{child}", None)
             except NoNodeError:
                 continue
+            said = data[1:]
             if mode == PERMIT:
-                permits = int(data[1:] or 1) if permits is None else permits
+                count, _, said = said.partition(b"|")
+                permits = int(count or 1) if permits is None else permits
+            context[owner] = holder_context(owner, stat.ctime / 1000, said.decode(errors="replace"))
             nodes.append((READ if data[:1] == b"r" else mode, owner, int(stat.czxid)))
         if not nodes:
             return None
@@ -904,9 +911,9 @@ class ZooKeeperEngine(Engine):
                 holders.append(node)
         waiters = tuple(f"{mode}:{owner}" for mode, owner, _ in nodes[len(holders):])
         if not holders:
-            return LockInfo(group, name, None, (), waiters, None, None, kind, permits)
+            return LockInfo(group, name, None, (), waiters, None, None, kind, permits, context)
         return LockInfo(group, name, holders[0][0], tuple(h[1] for h in holders), waiters, None,
-                        max(h[2] for h in holders), kind, permits)
+                        max(h[2] for h in holders), kind, permits, context)
 
     def detached(self, group: str, name: str, mode: str, owner: str, lease: float) -> None:
         # The session keeps the node alive: a ticket never adopted would block for good.

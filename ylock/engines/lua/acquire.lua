@@ -3,7 +3,7 @@
 -- ARGV[1] owner   ARGV[2] mode: "write" | "read"
 -- ARGV[3] flags: three characters "1"/"0": fair, stay (wait in the queue if not acquired;
 --         "0" is the last try: leave the queue), queued (the owner may be in the queue)
--- ARGV[4] lease ms   ARGV[5] waiter lease ms
+-- ARGV[4] lease ms   ARGV[5] waiter lease ms   ARGV[6] what the owner is doing (JSON, see note())
 -- Every grant made here lasts min(lease, waiter lease) until the owner's watchdog renews it to
 -- the full lease (its first renewal comes a third of the waiter lease later): an acquisition
 -- whose answer never reached its owner (a timeout, a frozen server that ran the script after
@@ -20,6 +20,7 @@ local queued = string.sub(ARGV[3], 3, 3) == '1'
 if mode == 'write' and not queued then
   -- Fast path for a writer: nobody holds, nobody waits.
   if redis.call('EXISTS', K.x, K.q, K.s) == 0 then
+    note(o, ARGV[6], lease)
     return grant_write(o, lease)
   end
   -- A fair writer asking while another writer holds can neither enter nor be granted:
@@ -30,6 +31,7 @@ if mode == 'write' and not queued then
       redis.call('RPUSH', K.q, o)
       redis.call('SET', base .. ':w:' .. o, 'write|' .. ARGV[4] .. '|' .. fmt(clock()) .. '|' .. ARGV[5] .. '|1',
                  'PX', wlease)
+      note(o, ARGV[6], wlease)
       return {0, redis.call('PTTL', K.x)}
     end
   end
@@ -43,6 +45,7 @@ local writer, wtok = writer_of()
 
 -- Fast path for a reader: no writer holds and nobody waits.
 if mode == 'read' and not writer and not queued and redis.call('LLEN', K.q) == 0 then
+  note(o, ARGV[6], lease)
   return {1, grant_read(o, lease, now)}
 end
 
@@ -60,10 +63,12 @@ end
 -- Granted by a releaser while we waited: take it (its lease starts again).
 if mode == 'write' and writer == o then
   dequeue(o)
+  note(o, ARGV[6], lease)
   return done(1, grant_write(o, lease, wtok))
 end
 if mode == 'read' and redis.call('ZSCORE', K.s, o) then
   dequeue(o)
+  note(o, ARGV[6], lease)
   return done(1, grant_read(o, lease, now))
 end
 -- A writer downgrading: it may always read, with its own token.
@@ -74,6 +79,7 @@ end
 if not busy then live_head(evicted) end
 if not busy and may_enter(writer, o, mode, fair, now) then
   if queued then dequeue(o) end
+  note(o, ARGV[6], lease)
   local tok
   if mode == 'write' then tok = grant_write(o, lease) else
     tok = grant_read(o, lease, now)
@@ -88,8 +94,12 @@ if stay then
   if not queued or not redis.call('LPOS', K.q, o) then
     redis.call('RPUSH', K.q, o)
     redis.call('SET', w, request, 'PX', wlease)
+    note(o, ARGV[6], wlease)
   elseif redis.call('PEXPIRE', w, wlease) == 0 then   -- still queued but counted dead: alive again
     redis.call('SET', w, request, 'PX', wlease)
+    note(o, ARGV[6], wlease)
+  else
+    redis.call('PEXPIRE', base .. ':h:' .. o, wlease)
   end
 else
   dequeue(o)

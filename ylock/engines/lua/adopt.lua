@@ -8,6 +8,9 @@ local old, new, mode, tok = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if mode == 'write' then
   if redis.call('GET', K.x) ~= old .. '|' .. tok then return 0 end
   redis.call('SET', K.x, new .. '|' .. tok, 'KEEPTTL')
+  if redis.call('EXISTS', base .. ':h:' .. old) == 1 then
+    redis.call('RENAME', base .. ':h:' .. old, base .. ':h:' .. new)
+  end
   return 1
 end
 local deadline = redis.call('ZSCORE', K.s, old)
@@ -16,4 +19,7 @@ redis.call('ZREM', K.s, old)
 redis.call('ZADD', K.s, deadline, new)
 redis.call('HDEL', K.t, old)
 redis.call('HSET', K.t, new, tok)
+if redis.call('EXISTS', base .. ':h:' .. old) == 1 then
+  redis.call('RENAME', base .. ':h:' .. old, base .. ':h:' .. new)
+end
 return 1

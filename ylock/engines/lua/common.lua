@@ -13,6 +13,8 @@
 --                     PX = waiter lease, refreshed by every poll (one GET tells the releaser
 --                     whether the head of the queue is alive and what it asked for)
 --   <base>:n:<owner>  notify list: the waiter blocks on it (BLPOP); a grant pushes the token
+--   <base>:h:<owner>  a holder's (or waiter's) description for describe(): "<since ms>|<context JSON>"
+--                     (what its owner is doing), PX = its hold's lease, renewed with it
 -- Time always comes from Redis (TIME), never from a client clock. __RETENTION_MS__ and
 -- __BARGE_MS__ are replaced by the engine's settings when the script is loaded.
 
@@ -58,6 +60,11 @@ end
 local function extend_shared(now)
   local last = redis.call('ZRANGE', K.s, -1, -1, 'WITHSCORES')
   if last[2] then redis.call('PEXPIRE', K.s, math.max(1, tonumber(last[2]) - now)) end
+end
+
+-- Describe o (a new holder or waiter) for describe(): since now, doing ctx, for ttl ms.
+local function note(o, ctx, ttl)
+  redis.call('SET', base .. ':h:' .. o, fmt(clock()) .. '|' .. ctx, 'PX', ttl)
 end
 
 -- Make o the writer for lease ms, keeping tok if given (a re-grant); return the token.

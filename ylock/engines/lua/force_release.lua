@@ -4,6 +4,14 @@
 --@queue
 local now = clock()
 local held = redis.call('EXISTS', K.x) + redis.call('ZCOUNT', K.s, '(' .. now, '+inf')
-redis.call('DEL', K.x, K.s, K.q, K.t)
+local writer = writer_of()
+local gone = {K.x, K.s, K.q, K.t}
+if writer then table.insert(gone, base .. ':h:' .. writer) end
+for _, o in ipairs(redis.call('ZRANGE', K.s, 0, -1)) do table.insert(gone, base .. ':h:' .. o) end
+for _, o in ipairs(redis.call('LRANGE', K.q, 0, -1)) do
+  table.insert(gone, base .. ':h:' .. o)
+  table.insert(gone, base .. ':w:' .. o)
+end
+redis.call('DEL', unpack(gone))
 if held > 0 then return 1 end
 return 0

@@ -15,7 +15,15 @@ end
 
 local function dequeue(o)
   redis.call('LREM', K.q, 1, o)
-  redis.call('DEL', base .. ':w:' .. o, base .. ':n:' .. o)
+  redis.call('DEL', base .. ':w:' .. o, base .. ':n:' .. o, base .. ':h:' .. o)
+end
+
+-- A waiter granted the lock by another owner: its description says since when it holds,
+-- and lives as long as the grant.
+local function granted_note(o, ttl, now)
+  local h = base .. ':h:' .. o
+  local v = redis.call('GET', h)
+  if v then redis.call('SET', h, fmt(now) .. string.sub(v, (string.find(v, '|', 1, true))), 'PX', ttl) end
 end
 
 -- Make o a reader for lease ms; a writer downgrading passes its own token.
@@ -37,7 +45,7 @@ local function live_head(evicted)
     local v = redis.call('GET', base .. ':w:' .. head)
     if v then return head, v end
     redis.call('LPOP', K.q)
-    redis.call('DEL', base .. ':n:' .. head)
+    redis.call('DEL', base .. ':n:' .. head, base .. ':h:' .. head)
     table.insert(evicted, head)
   end
 end
@@ -56,6 +64,7 @@ local function grant_reader_run(now, evicted)
     if not mode then
       table.insert(evicted, o)
       table.insert(gone, base .. ':n:' .. o)
+      table.insert(gone, base .. ':h:' .. o)
     elseif mode == 'read' and fair then
       table.insert(granted, {o, wlease})
       table.insert(gone, wkeys[i])
@@ -80,7 +89,10 @@ local function grant_reader_run(now, evicted)
   extend(K.t, longest)
   redis.call('LTRIM', K.q, cut, -1)
   redis.call('DEL', unpack(gone))
-  for i, g in ipairs(granted) do notify(g[1], fmt(first + i - 1), g[2]) end
+  for i, g in ipairs(granted) do
+    notify(g[1], fmt(first + i - 1), g[2])
+    granted_note(g[1], g[2], now)
+  end
   return #granted
 end
 
@@ -116,6 +128,7 @@ local function dispatch(now, evicted, free)
     return
   end
   local tok = grant_write(head, math.min(lease, wlease))
+  granted_note(head, math.min(lease, wlease), now)
   redis.call('LPOP', K.q)
   redis.call('DEL', base .. ':w:' .. head)
   notify(head, fmt(tok), wlease)

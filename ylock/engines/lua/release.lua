@@ -7,7 +7,10 @@ local o, mode = ARGV[1], ARGV[2]
 local held = 0
 if mode == 'write' then
   local v = redis.call('GET', K.x)
-  if v and string.match(v, '^(.*)|%d+$') == o then held = 1 end
+  if v and string.match(v, '^(.*)|%d+$') == o then
+    held = 1
+    if not redis.call('ZSCORE', K.s, o) then redis.call('DEL', base .. ':h:' .. o) end   -- unless it still reads
+  end
   -- Fast handoff: the head of the queue is a live fair writer and no reader holds (a
   -- writer that downgraded still reads): the lock goes to it here, with its waiter
   -- lease until its watchdog renews it, and its token is pushed to the list it blocks on.
@@ -24,6 +27,10 @@ if mode == 'write' then
       local tok = grant_write(head, math.min(hlease, hwlease))   -- replaces ours
       redis.call('DEL', base .. ':w:' .. head)
       notify(head, fmt(tok), hwlease)
+      local h = base .. ':h:' .. head
+      local hv = redis.call('GET', h)
+      if hv then redis.call('SET', h, fmt(clock()) .. string.sub(hv, (string.find(hv, '|', 1, true))), 'PX',
+                            math.min(hlease, hwlease)) end
       return held
     end
     redis.call('LPUSH', K.q, head)          -- back to the head: the general path below decides
@@ -36,6 +43,10 @@ if mode == 'read' then
   if deadline then
     redis.call('ZREM', K.s, o)
     redis.call('HDEL', K.t, o)
+    local wv = redis.call('GET', K.x)
+    if not (wv and string.match(wv, '^(.*)|%d+$') == o) then        -- unless it still writes
+      redis.call('DEL', base .. ':h:' .. o)
+    end
     local now = clock()
     if tonumber(deadline) > now then held = 1 end
     extend_shared(now)

@@ -7,6 +7,7 @@ local o, mode, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 if mode == 'write' then
   if writer_of() ~= o then return 0 end
   redis.call('PEXPIRE', K.x, lease)
+  redis.call('PEXPIRE', base .. ':h:' .. o, lease)
   return 1
 end
 local now = clock()
@@ -18,4 +19,5 @@ end
 redis.call('ZADD', K.s, now + lease, o)
 extend_shared(now)
 extend(K.t, lease)
+extend(base .. ':h:' .. o, lease)
 return 1

@@ -1,7 +1,7 @@
 -- sem_acquire.lua: take a permit of a semaphore; otherwise join (or stay in) its queue, or leave it.
 -- KEYS[1] = the semaphore's x key "<prefix>:{<group>:<name>}:p:x" (never set: it names the base)
 -- ARGV[1] owner   ARGV[2] permits   ARGV[3] flags: fair, stay, queued (as acquire.lua)
--- ARGV[4] lease ms   ARGV[5] waiter lease ms
+-- ARGV[4] lease ms   ARGV[5] waiter lease ms   ARGV[6] what the owner is doing (JSON)
 -- Every grant lasts min(lease, waiter lease) until the owner's watchdog renews it (see acquire.lua).
 -- Returns {1, token, evicted...} when the owner holds a permit (taken now, or granted by a
 -- releaser meanwhile), or {0, ms until the earliest holder's lease runs out, evicted...}.
@@ -26,11 +26,13 @@ end
 -- Granted by a releaser while we waited (or asked again while holding): take it.
 if redis.call('ZSCORE', K.s, o) then
   dequeue(o)
+  note(o, ARGV[6], lease)
   return done(1, grant_read(o, lease, now))
 end
 -- Non-fair: a free permit is taken before the queue is served.
 if not fair and redis.call('ZCARD', K.s) < permits then
   if queued then dequeue(o) end
+  note(o, ARGV[6], lease)
   return done(1, grant_read(o, lease, now))
 end
 -- Serve the queue first (a larger count admits waiters at once), then see what is left.
@@ -39,6 +41,7 @@ if redis.call('ZSCORE', K.s, o) then
   return done(1, grant_read(o, lease, now))
 end
 if redis.call('ZCARD', K.s) < permits and redis.call('LLEN', K.q) == 0 then
+  note(o, ARGV[6], lease)
   return done(1, grant_read(o, lease, now))
 end
 if stay then
@@ -47,8 +50,12 @@ if stay then
   if not queued or not redis.call('LPOS', K.q, o) then
     redis.call('RPUSH', K.q, o)
     redis.call('SET', w, request, 'PX', wlease)
+    note(o, ARGV[6], wlease)
   elseif redis.call('PEXPIRE', w, wlease) == 0 then   -- still queued but counted dead: alive again
     redis.call('SET', w, request, 'PX', wlease)
+    note(o, ARGV[6], wlease)
+  else
+    redis.call('PEXPIRE', base .. ':h:' .. o, wlease)
   end
 else
   dequeue(o)

@@ -12,12 +12,14 @@ local deadline = redis.call('ZSCORE', K.s, o)
 if deadline then
   redis.call('ZREM', K.s, o)
   redis.call('HDEL', K.t, o)
+  redis.call('DEL', base .. ':h:' .. o)
   if tonumber(deadline) > now then held = 1 end
 end
 expire_readers(now)
 extend_shared(now)
 local evicted = {}
 dispatch_permits(now, tonumber(redis.call('GET', base .. ':c') or '1'), evicted)
+if redis.call('EXISTS', K.s, K.q) == 0 then redis.call('DEL', base .. ':c') end   -- idle: nothing left
 local out = {held}
 for _, e in ipairs(evicted) do table.insert(out, e) end
 return out
