@@ -79,7 +79,7 @@ class Hold:
     permits count as ``reads``), token, lost flag, renewals."""
 
     __slots__ = ("engine", "group", "name", "owner", "lease", "writes", "reads", "token",
-                 "started", "lost", "lost_reason", "renewals", "kind", "_lost_published")
+                 "started", "lost", "lost_reason", "renewals", "kind", "span", "_lost_published")
 
     def __init__(self, engine: Engine, group: str, name: str, owner: str, lease: float, token: int,
                  kind: str = LOCK) -> None:
@@ -96,6 +96,7 @@ class Hold:
         self.lost = False
         self.lost_reason = ""
         self.renewals: dict[str, Renewal] = {}
+        self.span: Any = None              # the hold's trace span (ylock.tracing), if traced
         self._lost_published = False
 
     @property
@@ -217,6 +218,8 @@ class HoldTable:
         hold.lost_reason = hold.lost_reason or reason
         if not hold._lost_published:
             hold._lost_published = True
+            if hold.span is not None:
+                hold.span.add_event("ylock.lost", {"ylock.reason": hold.lost_reason})
             events.publish(events.LOST, hold.group, hold.name, hold.engine.scheme, hold.mode,
                            owner=hold.owner, token=hold.token, detail=hold.lost_reason)
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from ylock import events, options
+from ylock import events, options, tracing
 from ylock.engines.base import READ, WRITE, AcquireRequest, Engine
 from ylock.errors import ConfigurationError, LockError, LockLost, LockNotOwned, LockTimeout, LockUpgradeError
 from ylock.holds import HOLDS, LOCK, PERMIT, SEMAPHORE, Hold
@@ -165,6 +165,8 @@ class _Holding:
         HOLDS.add(hold)
         if HOLDS.renew_from(hold, mode, self.polling.waiter_lease / 3):
             WATCHDOG.ensure_running()
+        if tracing.ACTIVE is not None:
+            hold.span = tracing.ACTIVE.held(self, hold, mode)
         events.publish(events.ACQUIRED, self.group, self.name, self.engine.scheme, mode,
                        owner=owner, token=token, wait=waited)
         return True
@@ -179,8 +181,12 @@ class _Holding:
             return self._reenter(hold, mode) or self._downgraded(
                 hold, self.engine.acquire(self._request(mode, owner, time.monotonic())))
         started = time.monotonic()
-        token = self.engine.acquire(self._request(mode, owner, None if timeout is None else started + timeout,
-                                                  context))
+        deadline = None if timeout is None else started + timeout
+        traced = tracing.ACTIVE
+        if traced is None:
+            token = self.engine.acquire(self._request(mode, owner, deadline, context))
+        else:
+            token = traced.acquire(self, mode, owner, deadline, context)
         return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
 
     async def _aacquire(self, mode: str, timeout: Any, raise_on_timeout: bool,
@@ -192,8 +198,12 @@ class _Holding:
             return self._reenter(hold, mode) or self._downgraded(
                 hold, await self.engine.aacquire(self._request(mode, owner, time.monotonic())))
         started = time.monotonic()
-        token = await self.engine.aacquire(self._request(mode, owner, None if timeout is None else started + timeout,
-                                                         context))
+        deadline = None if timeout is None else started + timeout
+        traced = tracing.ACTIVE
+        if traced is None:
+            token = await self.engine.aacquire(self._request(mode, owner, deadline, context))
+        else:
+            token = await traced.aacquire(self, mode, owner, deadline, context)
         return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
 
     def _leave(self, mode: str, owner: str) -> Hold | None:
@@ -223,6 +233,9 @@ class _Holding:
                        token=hold.token, hold=(ended - hold.started) if finished else None, release=ended - started)
         if still_held is not None and (hold.lost or not still_held):
             HOLDS.lose(hold, "the server no longer had this hold at release")
+        if finished and hold.span is not None:
+            tracing.released(hold)
+        if still_held is not None and hold.lost:
             raise LockLost(f"the lease of {self._what(mode)} was lost before release ({hold.lost_reason}); "
                            "another owner may have held it meanwhile", group=self.group, name=self.name)
 

@@ -195,6 +195,11 @@ class Engine(abc.ABC):
     def describe(self, group: str | None = None) -> Iterable[LockInfo]:
         """Yield a :class:`LockInfo` for every lock held or waited for (in ``group``)."""
 
+    def describe_lock(self, group: str, name: str, kind: str = LOCK) -> LockInfo | None:
+        """Return the :class:`LockInfo` of one lock (``kind="semaphore"``: one semaphore), or
+        None if nobody holds or waits for it; engines answer it without listing the group."""
+        return next((i for i in self.describe(group) if i.name == name and i.kind == kind), None)
+
     @abc.abstractmethod
     def force_release(self, group: str, name: str, kind: str = LOCK) -> bool:
         """Drop every holder and waiter of a lock (``kind="semaphore"``: of a semaphore);

@@ -525,6 +525,11 @@ class RedisEngine(Engine):
                     infos.append(info)
         return infos
 
+    def describe_lock(self, group: str, name: str, kind: str = LOCK) -> LockInfo | None:
+        base = self._key(group, name, PERMIT if kind == SEMAPHORE else WRITE)[:-2]
+        with self._errors(group, name):
+            return self._describe_one(base)
+
     def _describe_one(self, base: str) -> LockInfo | None:
         semaphore = base.endswith(":p")
         tag = base[len(self.prefix) + 2:base.rindex("}")]

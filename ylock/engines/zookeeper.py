@@ -873,6 +873,9 @@ class ZooKeeperEngine(Engine):
             return infos
         return self._sync(look, group)  # type: ignore[no-any-return]
 
+    def describe_lock(self, group: str, name: str, kind: str = LOCK) -> LockInfo | None:
+        return self._sync(lambda call: self._describe_one(call, kind, group, name), group, name)  # type: ignore[no-any-return]
+
     def _describe_one(self, call: Callable[..., Any], kind: str, group: str, name: str) -> LockInfo | None:
         lockpath = self._lockpath(group, name, PERMIT if kind == SEMAPHORE else WRITE)
         try:

@@ -1,0 +1,178 @@
+"""OpenTelemetry traces of lock waits and holds (the ``otel`` extra: ``opentelemetry-api``).
+
+    import ylock.tracing
+    ylock.tracing.enable()          # once, where OpenTelemetry is configured
+
+From then on every first acquisition of a lock or a semaphore makes a span for the wait
+("ylock wait <group>/<name>") and one for the hold ("ylock hold <group>/<name>", from the
+first acquisition to the final release, so re-entries do not cut it), with the group,
+name, mode, engine, token and outcome as attributes; a timeout, an unreachable engine or
+a lost lease is the span's status or an event. The trace context of the code that took a
+hold is stored with the hold (its ``traceparent``, in the hold's context, see
+:func:`ylock.context`), and a waiter's wait span *links* to the spans of the holders it
+waited for, so a trace viewer shows who blocked whom, across processes.
+
+How the links are found: with tracing on, an acquisition first tries once without
+waiting; only if that fails does it read the lock's holders (one request) before it
+waits. Without tracing enabled none of this runs: the lock path checks one module
+attribute. See ``bench/`` for the measured cost.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ylock.engines.base import LOCK, SEMAPHORE
+
+if TYPE_CHECKING:
+    from ylock.holds import Hold
+    from ylock.lock import _Holding
+
+#: The active tracing (None: off). The facade reads it on every first acquisition.
+ACTIVE: Tracing | None = None
+
+
+class Tracing:
+    """Spans for one tracer (see the module docstring)."""
+
+    def __init__(self, tracer: Any) -> None:
+        from opentelemetry import trace
+        from opentelemetry.propagators.textmap import DefaultGetter, DefaultSetter
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.tracer = tracer
+        self._trace = trace
+        self._propagator = TraceContextTextMapPropagator()
+        self._getter: Any = DefaultGetter()
+        self._setter: Any = DefaultSetter()
+
+    # -- the trace context stored with a hold ------------------------------------------------
+
+    def context(self, context: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        """``context`` plus the caller's ``traceparent`` (when a span is current)."""
+        carrier: dict[str, str] = {}
+        self._propagator.inject(carrier, setter=self._setter)
+        if "traceparent" not in carrier:
+            return context
+        return {**(context or {}), "traceparent": carrier["traceparent"]}
+
+    def _link(self, said: Mapping[str, Any]) -> Any:
+        parent = said.get("traceparent")
+        if not isinstance(parent, str):
+            return None
+        span_context = self._trace.get_current_span(
+            self._propagator.extract({"traceparent": parent}, getter=self._getter)).get_span_context()
+        return self._trace.Link(span_context) if span_context.is_valid else None
+
+    # -- waits ---------------------------------------------------------------------------------
+
+    def _attributes(self, target: _Holding, mode: str) -> dict[str, Any]:
+        return {"ylock.group": target.group, "ylock.name": target.name, "ylock.mode": mode,
+                "ylock.kind": target.kind, "ylock.engine": target.engine.scheme}
+
+    def _holders(self, target: _Holding) -> list[Any]:
+        try:
+            info = target.engine.describe_lock(target.group, target.name, SEMAPHORE if target.kind == SEMAPHORE
+                                               else LOCK)
+        except Exception:  # noqa: BLE001 - the links are a nicety; the wait goes on without them
+            return []
+        if info is None:
+            return []
+        links = [self._link(info.context.get(owner, {})) for owner in info.owners]
+        return [link for link in links if link is not None]
+
+    def _wait_span(self, target: _Holding, mode: str, links: list[Any], started_ns: int) -> Any:
+        return self.tracer.start_span(f"ylock wait {target.group}/{target.name}", links=links,
+                                      attributes=self._attributes(target, mode), start_time=started_ns)
+
+    def _finish_wait(self, span: Any, token: int | None, error: BaseException | None) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        if error is not None:
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, str(error)))
+            span.set_attribute("ylock.outcome", "error")
+        elif token is None:
+            span.set_attribute("ylock.outcome", "timed_out")
+            span.set_status(Status(StatusCode.ERROR, "timed out"))
+        else:
+            span.set_attribute("ylock.outcome", "acquired")
+            span.set_attribute("ylock.token", token)
+        span.end()
+
+    def acquire(self, target: _Holding, mode: str, owner: str, deadline: float | None,
+                context: Mapping[str, Any] | None) -> int | None:
+        """An engine acquisition with its wait span (blocking)."""
+        context = self.context(context)
+        started_ns = time.time_ns()
+        token: int | None = None
+        span: Any = None
+        try:
+            token = target.engine.acquire(target._request(mode, owner, time.monotonic(), context))
+            if token is None and (deadline is None or time.monotonic() < deadline):
+                span = self._wait_span(target, mode, self._holders(target), started_ns)
+                token = target.engine.acquire(target._request(mode, owner, deadline, context))
+        except BaseException as exc:
+            self._finish_wait(span or self._wait_span(target, mode, [], started_ns), None, exc)
+            raise
+        self._finish_wait(span or self._wait_span(target, mode, [], started_ns), token, None)
+        return token
+
+    async def aacquire(self, target: _Holding, mode: str, owner: str, deadline: float | None,
+                       context: Mapping[str, Any] | None) -> int | None:
+        """:meth:`acquire` from an asyncio task."""
+        context = self.context(context)
+        started_ns = time.time_ns()
+        token: int | None = None
+        span: Any = None
+        try:
+            token = await target.engine.aacquire(target._request(mode, owner, time.monotonic(), context))
+            if token is None and (deadline is None or time.monotonic() < deadline):
+                span = self._wait_span(target, mode, self._holders(target), started_ns)
+                token = await target.engine.aacquire(target._request(mode, owner, deadline, context))
+        except BaseException as exc:
+            self._finish_wait(span or self._wait_span(target, mode, [], started_ns), None, exc)
+            raise
+        self._finish_wait(span or self._wait_span(target, mode, [], started_ns), token, None)
+        return token
+
+    # -- holds ---------------------------------------------------------------------------------
+
+    def held(self, target: _Holding, hold: Hold, mode: str) -> Any:
+        """Start the hold span of a first acquisition."""
+        return self.tracer.start_span(f"ylock hold {target.group}/{target.name}",
+                                      attributes={**self._attributes(target, mode), "ylock.token": hold.token})
+
+
+def released(hold: Hold) -> None:
+    """End a hold's span at its final release (an error status if the hold was lost)."""
+    from opentelemetry.trace import Status, StatusCode
+
+    span, hold.span = hold.span, None
+    if span is not None:
+        if hold.lost:
+            span.set_status(Status(StatusCode.ERROR, f"lost: {hold.lost_reason}"))
+        span.end()
+
+
+def enable(tracer_provider: Any = None) -> Tracing:
+    """Trace every lock wait and hold from now on (with ``tracer_provider``, else the global
+    one of OpenTelemetry); return the :class:`Tracing`."""
+    global ACTIVE
+    from opentelemetry import trace
+
+    from ylock import __version__
+
+    provider = tracer_provider or trace.get_tracer_provider()
+    ACTIVE = Tracing(provider.get_tracer("ylock", __version__))
+    return ACTIVE
+
+
+def disable() -> None:
+    """Stop tracing lock waits and holds."""
+    global ACTIVE
+    ACTIVE = None
+
+
+__all__ = ["enable", "disable", "released", "Tracing", "ACTIVE"]
