@@ -1,24 +1,26 @@
-"""``flask ylock``: list held locks and waiters, inspect one, force-release one, show stats.
+"""``flask ylock``: list held locks and waiters, inspect or force-release one, show the
+deployment's stats, run a command while holding a named lock.
 
     flask ylock list [--group G] [--engine ALIAS] [--json]
     flask ylock inspect GROUP NAME [--engine ALIAS] [--json]
     flask ylock release GROUP NAME [--engine ALIAS] [--yes]
     flask ylock stats [--engine ALIAS] [--json]
+    flask ylock run NAME [--wait | --timeout S] [--lease S] [--grace S] -- COMMAND ...
 
-The output is :mod:`ylock.report`'s, the same as ``manage.py ylock``'s.
+Every verb is :mod:`ylock.cli`'s (the ``ylock`` script's): this module only turns the app's
+``YLOCK_*`` config into engines and named locks, so it prints what ``ylock`` and
+``manage.py ylock`` print, and exits with the same codes.
 """
 from __future__ import annotations
 
-import json
+from typing import Any
 
 import click
 from flask import current_app
 from flask.cli import AppGroup
 
 import ylock
-import ylock.metrics
-from ylock import report
-from ylock.engines.base import LockInfo
+from ylock import cli
 from ylock.registry import Registry
 
 ylock_cli = AppGroup("ylock", help="Inspect and manage ylock distributed locks.")
@@ -34,88 +36,85 @@ def _registry() -> Registry:
     return state.registry  # type: ignore[no-any-return]
 
 
-def _engine(alias: str) -> ylock.Engine:
+def _execute(action: str, **options: Any) -> None:
+    registry = _registry()
+
+    def named_lock(name: str) -> tuple[cli.Target, ylock.Lock]:
+        try:
+            alias = registry.lock_options(name).engine
+            lock = registry.lock(name)
+        except ylock.ConfigurationError as exc:
+            raise cli.CommandFailed(f"invalid YLOCK setting: {exc}") from exc
+        return (alias, lock.engine), lock
+
+    console = cli.Console(lambda text: click.echo(text, nl=False))
     try:
-        return _registry().engine(alias)
-    except ylock.ConfigurationError as exc:
-        raise click.ClickException(str(exc)) from exc
+        code = cli.execute(action, options, console, named_lock=named_lock,
+                           targets=lambda alias: cli.targets_of(registry.aliases(), registry.engine, alias))
+    except cli.CommandFailed as exc:
+        error = click.ClickException(str(exc))
+        error.exit_code = exc.code
+        raise error from exc
+    except ylock.LockError as exc:
+        raise click.ClickException(" ".join(str(exc).split())) from exc
+    if code:
+        click.get_current_context().exit(code)
 
 
-def _aliases(alias: str | None) -> list[str]:
-    return [alias] if alias else _registry().aliases()
-
-
-def _describe(alias: str, group: str | None) -> list[tuple[str, LockInfo]]:
-    engine = _engine(alias)
-    try:
-        return [(alias, i) for i in sorted(engine.describe(group), key=lambda i: (i.group, i.name))]
-    except ylock.EngineUnavailable as exc:
-        raise click.ClickException(f"engine {alias!r} ({engine.url_for_display()}) is unreachable: {exc}") from exc
+engine_every = click.option("--engine", default=None, metavar="ALIAS",
+                            help="Only this engine alias (default: every engine).")
+engine_one = click.option("--engine", default=None, metavar="ALIAS", help="Engine alias (default: default).")
 
 
 @ylock_cli.command("list")
 @click.option("--group", default=None, help="Only this lock group.")
-@click.option("--engine", "alias", default=None, help="Only this engine alias (default: every engine).")
+@engine_every
 @json_option
-def list_command(group: str | None, alias: str | None, as_json: bool) -> None:
+def list_command(**options: Any) -> None:
     """List held locks and their waiters."""
-    infos = [row for a in _aliases(alias) for row in _describe(a, group)]
-    click.echo(report.to_json(infos) if as_json else report.table(infos))
+    _execute("list", **options)
 
 
 @ylock_cli.command("inspect")
 @click.argument("group")
 @click.argument("name")
-@click.option("--engine", "alias", default="default", show_default=True, help="Engine alias.")
+@engine_one
 @json_option
-def inspect_command(group: str, name: str, alias: str, as_json: bool) -> None:
+def inspect_command(**options: Any) -> None:
     """Show one lock: mode, owners, queued waiters in order, lease left, fencing token."""
-    info = report.find((i for _, i in _describe(alias, group)), name)
-    if as_json:
-        click.echo(json.dumps(None if info is None else report.rows([(alias, info)])[0], indent=2))
-    else:
-        click.echo(report.detail(alias, info, group, name))
+    _execute("inspect", **options)
 
 
 @ylock_cli.command("release")
 @click.argument("group")
 @click.argument("name")
-@click.option("--engine", "alias", default="default", show_default=True, help="Engine alias.")
+@engine_one
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def release_command(group: str, name: str, alias: str, yes: bool) -> None:
-    """Force-release a lock: drop every holder and waiter (holders learn it as a lost lock)."""
-    engine = _engine(alias)
-    if not yes:
-        click.confirm(f"Force-release {group}/{name} on {alias}? Its holders will lose it", abort=True)
-    try:
-        released = engine.force_release(group, name)
-    except ylock.EngineUnavailable as exc:
-        raise click.ClickException(f"engine {alias!r} ({engine.url_for_display()}) is unreachable: {exc}") from exc
-    click.echo(f"released {group}/{name}" if released else f"nothing to release: {group}/{name} was not held")
+def release_command(**options: Any) -> None:
+    """Force-release a lock (asks first): its holders learn it as a lost lock."""
+    _execute("release", **options)
 
 
 @ylock_cli.command("stats")
-@click.option("--engine", "alias", default=None, help="Only this engine alias (default: every engine).")
+@engine_every
 @json_option
-def stats_command(alias: str | None, as_json: bool) -> None:
-    """Show held locks, readers and waiters per group, and this process's exporter counts."""
-    groups: dict[str, dict[str, int]] = {}
-    for _, i in (row for a in _aliases(alias) for row in _describe(a, None)):
-        g = groups.setdefault(i.group, {"held": 0, "readers": 0, "waiters": 0})
-        g["held"] += 1 if i.mode else 0
-        g["readers"] += len(i.owners) if i.mode == "read" else 0
-        g["waiters"] += len(i.waiters)
-    process = ylock.metrics.stats()
-    if as_json:
-        click.echo(json.dumps({"groups": groups, "process": process}, indent=2, default=str))
-        return
-    if not groups:
-        click.echo("no locks held or waited for")
-    else:
-        width = max(len("GROUP"), *(len(g) for g in groups))
-        click.echo(f"{'GROUP'.ljust(width)}  HELD  READERS  WAITERS")
-        for name, g in sorted(groups.items()):
-            click.echo(f"{name.ljust(width)}  {g['held']:>4}  {g['readers']:>7}  {g['waiters']:>7}")
-    for kind, s in sorted(process["exporters"].items()):
-        click.echo(f"exporter {kind}: shipped {s['shipped']}, dropped {s['dropped']}, failed {s['failed']}, "
-                   f"queued {s['queued']}/{s['capacity']}")
+def stats_command(**options: Any) -> None:
+    """Show what is held now, and every process's lock activity of the last minutes."""
+    _execute("stats", **options)
+
+
+@ylock_cli.command("run", context_settings={"ignore_unknown_options": True})
+@click.argument("lock", metavar="NAME")
+@click.option("--wait", is_flag=True, help="Wait as long as it takes for the lock.")
+@click.option("--timeout", type=float, default=None, metavar="S", help="Wait up to S seconds (default: try once).")
+@click.option("--lease", type=float, default=None, metavar="S", help="The lease (default: the lock's).")
+@click.option("--grace", type=float, default=None, metavar="S",
+              help="Seconds between SIGTERM and SIGKILL when the hold is lost (default 10).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run_command(**options: Any) -> None:
+    """Run COMMAND only while holding the named lock's write side; stop it if the hold is lost.
+
+    Exit codes: the command's own; 75 the lock was busy; 76 the hold was lost; 126/127 the
+    command could not be run / was not found; 1 an error.
+    """
+    _execute("run", **options)

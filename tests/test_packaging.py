@@ -1,14 +1,23 @@
-"""The built wheel carries every file of the three packages: the Lua scripts, the Grafana
-dashboard and the ``py.typed`` markers as well as the modules (package data is easy to drop
-from setup.cfg without any test that runs from the source tree noticing)."""
+"""The distribution as users get it: ``python -m build`` makes an sdist and a wheel that
+``twine check`` passes; the wheel carries every file of the three packages (the Lua scripts,
+the Grafana dashboard and the ``py.typed`` markers as well as the modules: package data is
+easy to drop from setup.cfg without any test that runs from the source tree noticing), the
+``ylock`` console script, the licence and valid classifiers."""
+import configparser
+import email
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ylock", "django_ylock", "flask_ylock")
+#: What a source tree must hold to build (what the sdist ships besides the packages).
+TOP_FILES = ("setup.cfg", "pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE")
 
 
 def _source_files() -> set[str]:
@@ -20,25 +29,86 @@ def _source_files() -> set[str]:
     return files
 
 
-def test_the_wheel_holds_every_package_file(tmp_path: Path) -> None:
-    # Build from a copy: setuptools reuses a build/ folder in the tree it builds, so a file
-    # left there by an earlier build would hide one that setup.cfg no longer ships.
-    tree = tmp_path / "src"
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build the sdist and the wheel once, with ``python -m build``, from a copy of the tree:
+    setuptools reuses a build/ folder in the tree it builds, so a file left there by an
+    earlier build would hide one that setup.cfg no longer ships."""
+    tmp = tmp_path_factory.mktemp("dist")
+    tree = tmp / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     tree.mkdir()
-    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+    for name in TOP_FILES:
         shutil.copy2(ROOT / name, tree / name)
     for package in PACKAGES:
         shutil.copytree(ROOT / package, tree / package, ignore=ignore)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(tmp_path),
-                    str(tree)], check=True, capture_output=True, timeout=300)
-    [wheel] = tmp_path.glob("ylock-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
+    out = tmp / "dist"
+    built = subprocess.run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(tree)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    return out
+
+
+def _wheel(dist: Path) -> zipfile.ZipFile:
+    [wheel] = dist.glob("ylock-*-py3-none-any.whl")
+    return zipfile.ZipFile(wheel)
+
+
+def test_the_wheel_holds_every_package_file(dist: Path) -> None:
+    with _wheel(dist) as archive:
         shipped = {name for name in archive.namelist() if name.split("/")[0] in PACKAGES}
     source = _source_files()
     assert "ylock/engines/lua/acquire.lua" in source and "ylock/metrics/grafana/ylock-dashboard.json" in source
     assert source - shipped == set()
     assert shipped - source == set()
+
+
+def test_twine_accepts_the_sdist_and_the_wheel(dist: Path) -> None:
+    files = sorted(str(p) for p in dist.iterdir())
+    assert sorted(Path(f).suffix for f in files) == [".gz", ".whl"]
+    checked = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", *files], capture_output=True,
+                             text=True, timeout=120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.count("PASSED") == 2
+
+
+def test_the_wheel_installs_the_ylock_command_and_says_what_it_is(dist: Path) -> None:
+    with _wheel(dist) as archive:
+        info = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA")).rsplit("/", 1)[0]
+        entry_points = configparser.ConfigParser()
+        entry_points.read_string(archive.read(f"{info}/entry_points.txt").decode())
+        metadata = email.message_from_bytes(archive.read(f"{info}/METADATA"))
+        licence = [n for n in archive.namelist() if n.startswith(info) and n.rsplit("/", 1)[-1] == "LICENSE"]
+        assert licence and b"MIT License" in archive.read(licence[0])
+    assert dict(entry_points["console_scripts"]) == {"ylock": "ylock.cli:main"}
+    assert metadata["Name"] == "ylock" and metadata["License"] == "MIT"
+    classifiers = metadata.get_all("Classifier")
+    from trove_classifiers import classifiers as known  # PyPI refuses an upload with an unknown one
+    assert set(classifiers) <= known, set(classifiers) - known
+    for needed in ("License :: OSI Approved :: MIT License", "Framework :: Flask", "Typing :: Typed",
+                   "Framework :: Django :: 4.2", "Framework :: Django :: 5.2", "Framework :: Django :: 6.0",
+                   *(f"Programming Language :: Python :: 3.{minor}" for minor in (10, 11, 12, 13))):
+        assert needed in classifiers, needed
+    assert metadata["Requires-Python"] == ">=3.10"
+    assert not [r for r in metadata.get_all("Requires-Dist") or [] if "extra ==" not in r]   # the core needs nothing
+    assert "## 0.1.0" in metadata.get_payload()                     # the changelog follows the README on PyPI
+    with tarfile.open(next(dist.glob("ylock-*.tar.gz"))) as sdist:
+        names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
+    assert {"LICENSE", "CHANGELOG.md", "README.md", "setup.cfg", "pyproject.toml",
+            "ylock/engines/lua/acquire.lua", "ylock/cli.py"} <= names
+
+
+def test_the_ylock_command_runs_from_its_entry_point() -> None:
+    from importlib.metadata import entry_points
+
+    from ylock.cli import main
+    found = [ep for ep in entry_points(group="console_scripts") if ep.name == "ylock"]
+    if found:                                   # the installed metadata (an editable install made before
+        assert found[0].load() is main          # the entry point existed has none: reinstall to get it)
+    result = subprocess.run([sys.executable, "-c", "import sys; from ylock.cli import main; sys.exit(main())",
+                             "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("usage: ylock")
+    assert all(verb in result.stdout for verb in ("list", "inspect", "release", "stats", "run"))
 
 
 def test_the_installed_drivers_are_within_the_pins() -> None:

@@ -5,7 +5,9 @@ released, renewed, lost, waiter_evicted, with wait/hold/release spans). This pac
 subscribes exporters to them:
 
 - an in-memory :class:`~ylock.metrics.aggregator.Aggregator` (counts per kind and
-  group, wait/hold/release percentiles) that ``ylock stats`` commands print;
+  group, wait/hold/release percentiles), whose last five minutes every process publishes
+  to the engines it locks on (:mod:`ylock.metrics.shared`), so that ``ylock stats`` in
+  any process shows the whole deployment;
 - :class:`~ylock.metrics.influxdb.InfluxExporter`: one batching writer per process with
   a bounded buffer that drops, and counts, what InfluxDB cannot take;
 - :class:`~ylock.metrics.prometheus.PrometheusExporter`: counters and histograms;
@@ -19,7 +21,11 @@ Flask's ``YLOCK_METRICS``::
         "PROMETHEUS": True,
         "EXPORTERS": ["myapp.metrics.forward"],
         "TAG_NAMES": True, "UNTAGGED_GROUPS": ["users"],   # no per-user series
+        "STATS_PERIOD": 5, "STATS_TTL": 60,                # publish for `ylock stats` (None: don't)
     })
+
+``configure(None)`` (what Flask does when ``YLOCK_METRICS`` is not set) keeps the aggregator
+for this process but publishes nothing: publishing starts when metrics are configured.
 
 Exporters are process-wide, like the events they listen to: configuring the same
 settings twice (two Flask apps, a test re-running ``ready()``) reuses the exporters
@@ -37,10 +43,11 @@ from ylock import options as opt
 from ylock.errors import ConfigurationError
 from ylock.metrics.aggregator import Aggregator
 from ylock.metrics.background import Shipper, live_shippers
+from ylock.metrics.shared import Publisher
 from ylock.metrics.tags import ANY_NAME, Tagging
 
 __all__ = ["configure", "validate", "stats", "shutdown", "Metrics", "Aggregator", "Tagging", "Shipper",
-           "AGGREGATOR", "ANY_NAME", "KEYS"]
+           "AGGREGATOR", "PUBLISHER", "Publisher", "ANY_NAME", "KEYS"]
 
 #: Every key of a ``METRICS`` dict, with its default.
 KEYS: dict[str, Any] = {
@@ -50,11 +57,16 @@ KEYS: dict[str, Any] = {
     "INFLUXDB": None,         # dict of InfluxDB settings (see ylock.metrics.influxdb.DEFAULTS), or True for env
     "PROMETHEUS": None,       # True, or {"NAMESPACE": "ylock", "REGISTRY": "default"|"own", "PATH": "/metrics"}
     "EXPORTERS": [],          # dotted paths of callables taking an Event, run off the lock path
+    "STATS_PERIOD": 5.0,      # seconds between two publications of the aggregator's window; None: never
+    "STATS_TTL": 60.0,        # seconds a publication lives on the engine's server
 }
 PROMETHEUS_KEYS = {"NAMESPACE": "ylock", "REGISTRY": "own", "PATH": None, "BUCKETS": None}
 
 #: The process's aggregator (subscribed by :func:`configure` unless ``STATS`` is False).
 AGGREGATOR = Aggregator()
+#: Publishes the aggregator's window for the deployment's ``ylock stats`` (started by
+#: :func:`configure` given a dict, unless ``STATS`` is False or ``STATS_PERIOD`` is None).
+PUBLISHER = Publisher(AGGREGATOR)
 
 _mutex = threading.Lock()
 _exporters: dict[tuple[Any, ...], Any] = {}   # settings key -> running exporter, process-wide
@@ -102,6 +114,13 @@ def validate(config: Mapping[str, Any] | None, *, setting: str = "METRICS",
     out = opt.section(config, setting, KEYS, code=code)
     for key in ("STATS", "TAG_NAMES"):
         opt.boolean(out[key], f"{setting}[{key!r}]", code=code)
+    if out["STATS_PERIOD"] is not None:
+        out["STATS_PERIOD"] = opt.seconds(out["STATS_PERIOD"], f"{setting}['STATS_PERIOD']", maximum=3600, code=code)
+    out["STATS_TTL"] = opt.seconds(out["STATS_TTL"], f"{setting}['STATS_TTL']", maximum=86400, code=code)
+    if out["STATS_PERIOD"] is not None and out["STATS_TTL"] <= out["STATS_PERIOD"]:
+        raise opt.fail(f"{setting}['STATS_TTL']", f"must be longer than STATS_PERIOD ({out['STATS_PERIOD']:g} s), "
+                       f"got {out['STATS_TTL']:g}", code, "else a process vanishes from `ylock stats` between "
+                       "two publications; e.g. 12 x STATS_PERIOD")
     for key in ("UNTAGGED_GROUPS", "EXPORTERS"):
         out[key] = opt.strings(out[key], f"{setting}[{key!r}]", code=code)
     for path in out["EXPORTERS"]:
@@ -179,6 +198,8 @@ def configure(config: Mapping[str, Any] | None, *, setting: str = "METRICS",
                           s["PROMETHEUS"]["PATH"] if s["PROMETHEUS"] else None)
         for subscriber in metrics.subscribers:
             events.subscribe(subscriber)
+        if aggregator is not None and config is not None and s["STATS_PERIOD"] is not None:
+            PUBLISHER.start(s["STATS_PERIOD"], s["STATS_TTL"])
     return metrics
 
 
@@ -194,6 +215,7 @@ def shutdown(timeout: float = 2.0) -> None:
         running = list(_exporters.values())
         _exporters.clear()
     events.unsubscribe(AGGREGATOR)
+    PUBLISHER.stop(timeout)
     for exporter in running:
         events.unsubscribe(exporter)
         if isinstance(exporter, Shipper):
