@@ -20,8 +20,8 @@ from ylock.errors import (
     LockUpgradeError,
 )
 from ylock.holds import HOLDS
-from ylock.lock import DEFAULT, Guard, Lock, Locks, Semaphore, Semaphores
 from ylock.leader import Leadership
+from ylock.lock import DEFAULT, Guard, Lock, Locks, Semaphore, Semaphores
 from ylock.multi import all_of
 from ylock.owner import context, current_owner, owner_scope, run_as
 from ylock.waiting import Polling
