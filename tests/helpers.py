@@ -1,6 +1,7 @@
 """Synchronisation helpers for tests: wait for a condition or an event, never a bare sleep."""
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -122,3 +123,88 @@ class LockLoad:
         for t in self._threads:
             t.join(join)
             assert not t.is_alive(), f"a lock call hung: {self.outcomes}"
+
+
+_loops = threading.local()
+
+
+def _thread_loop() -> asyncio.AbstractEventLoop:
+    loop = getattr(_loops, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _loops.loop = asyncio.new_event_loop()
+    return loop
+
+
+class AsyncVerbs:
+    """A Lock whose verbs go through its asyncio twins (alock, atry_lock, aunlock, ...), each
+    run in this thread's event loop as this thread's owner: the contract suite runs through
+    it unchanged, so every contract test also holds for the asyncio path."""
+
+    def __init__(self, lock: ylock.Lock) -> None:
+        self._lock = lock
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._lock, name)        # held, token, lost, group, name, engine, ...
+
+    def _run(self, coroutine: object) -> object:
+        with ylock.owner_scope(ylock.current_owner()):      # the thread's owner, inside the task too
+            return _thread_loop().run_until_complete(coroutine)  # type: ignore[arg-type]
+
+    def lock(self, timeout: object = ylock.DEFAULT) -> object:
+        return self._run(self._lock.alock(timeout))  # type: ignore[arg-type]
+
+    def try_lock(self, timeout: object = 0.0) -> object:
+        return self._run(self._lock.atry_lock(timeout))  # type: ignore[arg-type]
+
+    def unlock(self) -> object:
+        return self._run(self._lock.aunlock())
+
+    def rlock(self, timeout: object = ylock.DEFAULT) -> object:
+        return self._run(self._lock.arlock(timeout))  # type: ignore[arg-type]
+
+    def try_rlock(self, timeout: object = 0.0) -> object:
+        return self._run(self._lock.atry_rlock(timeout))  # type: ignore[arg-type]
+
+    def runlock(self) -> object:
+        return self._run(self._lock.arunlock())
+
+    def write(self, timeout: object = ylock.DEFAULT, **kw: object) -> _AsyncGuard:
+        return _AsyncGuard(self, self._lock.write(timeout, **kw))  # type: ignore[arg-type]
+
+    def read(self, timeout: object = ylock.DEFAULT, **kw: object) -> _AsyncGuard:
+        return _AsyncGuard(self, self._lock.read(timeout, **kw))  # type: ignore[arg-type]
+
+    def __enter__(self) -> AsyncVerbs:
+        self.lock()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unlock()
+
+    async def __aenter__(self) -> object:
+        return await self._lock.__aenter__()  # type: ignore[attr-defined]
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._lock.__aexit__(*exc)  # type: ignore[attr-defined]
+
+
+class _AsyncGuard:
+    def __init__(self, verbs: AsyncVerbs, guard: ylock.Guard) -> None:
+        self._verbs = verbs
+        self._guard = guard
+
+    def __enter__(self) -> AsyncVerbs:
+        self._verbs._run(self._guard.__aenter__())
+        return self._verbs
+
+    def __exit__(self, *exc: object) -> None:
+        self._verbs._run(self._guard.__aexit__(*exc))
+
+    def __call__(self, func: Callable[..., object]) -> Callable[..., object]:
+        return self._guard(func)      # as a decorator: the guard's own (sync or async) wrapper
+
+    async def __aenter__(self) -> object:
+        return await self._guard.__aenter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._guard.__aexit__(*exc)

@@ -431,6 +431,13 @@ class Lock(_Holding):
     def __exit__(self, *exc: object) -> None:
         self.unlock()
 
+    async def __aenter__(self) -> Lock:
+        await self.alock()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aunlock()
+
     # -- asyncio twins (the task is the owner) -------------------------------------------------
 
     async def alock(self, timeout: float | None = DEFAULT) -> None:

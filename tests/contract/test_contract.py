@@ -8,16 +8,30 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
 import ylock
-from tests.helpers import Runner, collect, expect_event, wait_until, waiters
+from tests.helpers import AsyncVerbs, Runner, collect, expect_event, wait_until, waiters
 from ylock import events
 
 
+VERBS = {"mode": "sync"}
+
+
+@pytest.fixture(autouse=True, params=["sync", "async"])
+def verbs(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every contract test runs twice: through the blocking verbs and through their asyncio
+    twins (alock, aunlock, ...; see tests.helpers.AsyncVerbs)."""
+    VERBS["mode"] = request.param
+    yield request.param
+    VERBS["mode"] = "sync"
+
+
 def make(engine: ylock.Engine, group: str, name: str = "n", **kw: object) -> ylock.Lock:
-    return ylock.Lock(engine, group, name, **kw)  # type: ignore[arg-type]
+    lock = ylock.Lock(engine, group, name, **kw)  # type: ignore[arg-type]
+    return AsyncVerbs(lock) if VERBS["mode"] == "async" else lock  # type: ignore[return-value]
 
 
 def other_thread(func):  # noqa: ANN001, ANN201

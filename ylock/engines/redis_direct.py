@@ -199,6 +199,11 @@ class NotifyHub:
         finally:
             if self.waiting.get(key) is future:
                 del self.waiting[key]
+            if not self.waiting and self._task is not None and not self._task.done():
+                # Nobody waits any more: stop blocking (its connection is dropped, so the
+                # server stops popping for it), rather than leave a task pending in a loop
+                # that may be about to close (a Flask async view's loop lives one request).
+                self._task.cancel()
 
     def _unblock(self) -> None:
         self._unblocking = False
@@ -231,9 +236,10 @@ class NotifyHub:
                     future = self.waiting.pop(key, None)
                     if future is not None and not future.done():
                         future.set_result(reply)
-        except Exception:  # noqa: BLE001 - the waiters poll on; the next wait starts a new hub task
+        except (Exception, self._asyncio.CancelledError):  # noqa: BLE001 - the waiters poll on
             if self._conn is not None:
                 await self._conn.disconnect(nowait=True)
+                await self.pool.release(self._conn)
                 self._conn, self._client_id = None, None
             for future in list(self.waiting.values()):
                 if not future.done():
