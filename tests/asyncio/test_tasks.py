@@ -1,0 +1,180 @@
+"""The asyncio path on real servers: tasks of several processes exclude each other,
+cancellation never leaves anything held (however it comes: while queued, as the grant
+arrives, inside the block, during the release), and waiting tasks cost no thread."""
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import ylock
+from tests.asyncio import workers
+
+spawn = multiprocessing.get_context("spawn")
+
+
+@pytest.fixture(params=["local", "redis", "zookeeper"])
+def any_engine(request: pytest.FixtureRequest) -> ylock.Engine:
+    return request.getfixturevalue(f"{request.param}_engine")  # type: ignore[no-any-return]
+
+
+def nothing_held(engine: ylock.Engine, group: str) -> bool:
+    return not [i for i in engine.describe(group) if i.owners or i.waiters]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("server", ["redis", "zookeeper"])
+def test_tasks_of_three_processes_lose_no_update(server: str, request: pytest.FixtureRequest, group: str,
+                                                 tmp_path: Path) -> None:
+    url = request.getfixturevalue("redis_server").url if server == "redis" else \
+        request.getfixturevalue("zookeeper_server").url("/tasks")
+    path = tmp_path / "counter"
+    path.write_text("0")
+    with ProcessPoolExecutor(3, mp_context=spawn) as pool:
+        done = [f.result(timeout=180) for f in [pool.submit(workers.tasks_counter, url, group, str(path), 10, 5)
+                                                for _ in range(3)]]
+    assert sum(done) == 150 and int(path.read_text()) == 150
+
+
+def test_cancelled_while_queued_leaves_the_queue(any_engine: ylock.Engine, group: str) -> None:
+    async def main() -> None:
+        holder = ylock.Lock(any_engine, group, "n")
+        await holder.alock()
+        for cancel in ("cancel", "wait_for", "timeout"):
+            lock = ylock.Lock(any_engine, group, "n")
+            if cancel == "cancel":
+                task = asyncio.create_task(lock.alock(timeout=20))
+                while not any(i.waiters for i in await asyncio.to_thread(any_engine.describe, group)):
+                    await asyncio.sleep(0.01)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            elif cancel == "wait_for":
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(lock.alock(timeout=20), 0.2)
+            else:
+                async def bounded(lock: ylock.Lock = lock) -> None:
+                    async with asyncio.timeout(0.2):       # in a task of its own: another owner
+                        await lock.alock(timeout=20)
+                with pytest.raises(TimeoutError):
+                    await asyncio.create_task(bounded())
+            info = next(i for i in await asyncio.to_thread(any_engine.describe, group) if i.name == "n")
+            assert info.waiters == (), f"{cancel}: a waiter was left behind: {info}"
+        await holder.aunlock()
+    asyncio.run(main())
+    assert nothing_held(any_engine, group)
+    other = ylock.Lock(any_engine, group, "n")
+    assert other.try_lock(0) and other.unlock() is None            # another owner takes it at once
+
+
+def test_a_grant_racing_the_cancellation_is_given_back(any_engine: ylock.Engine, group: str) -> None:
+    """Cancel the waiter right as the holder releases, many times: whether the grant or the
+    cancellation comes first, nothing stays held afterwards."""
+    async def main() -> None:
+        for i in range(40):
+            name = f"n{i}"
+            held, let_go = asyncio.Event(), asyncio.Event()
+
+            async def hold() -> None:
+                holder = ylock.Lock(any_engine, group, name)
+                await holder.alock()
+                held.set()
+                await let_go.wait()
+                await holder.aunlock()
+            release = asyncio.create_task(hold())
+            await held.wait()
+
+            async def wait() -> None:
+                lock = ylock.Lock(any_engine, group, name)
+                await lock.alock(timeout=20)
+                try:
+                    await asyncio.sleep(0)                 # the cancellation may land here instead
+                finally:
+                    await lock.aunlock()
+            waiter = asyncio.create_task(wait())
+            while not any(x.waiters for x in await asyncio.to_thread(any_engine.describe, group) if x.name == name):
+                await asyncio.sleep(0.005)
+            let_go.set()
+            await asyncio.sleep((i % 8) * 0.0005)          # cancel at varying points of the handoff
+            waiter.cancel()
+            await release
+            await asyncio.gather(waiter, return_exceptions=True)
+    asyncio.run(main())
+    assert nothing_held(any_engine, group)
+    for i in range(40):
+        other = ylock.Lock(any_engine, group, f"n{i}")
+        assert other.try_lock(0), f"n{i} was left held"
+        other.unlock()
+
+
+def test_cancelled_inside_the_block_and_during_the_release(any_engine: ylock.Engine, group: str) -> None:
+    async def main() -> None:
+        entered = asyncio.Event()
+
+        async def work() -> None:
+            async with ylock.Lock(any_engine, group, "n").write(timeout=5):
+                entered.set()
+                await asyncio.sleep(30)
+        task = asyncio.create_task(work())
+        await entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert nothing_held(any_engine, group)
+
+        releasing = asyncio.Event()
+
+        async def take_and_release() -> None:
+            lock = ylock.Lock(any_engine, group, "n")
+            await lock.alock()
+            releasing.set()
+            await lock.aunlock()
+        task = asyncio.create_task(take_and_release())
+        await releasing.wait()
+        await asyncio.sleep(0)                          # the task is inside aunlock() now
+        task.cancel()                                   # the release has started: it completes
+        await asyncio.gather(task, return_exceptions=True)
+        for _ in range(200):
+            if nothing_held(any_engine, group):
+                break
+            await asyncio.sleep(0.01)
+        assert nothing_held(any_engine, group)
+    asyncio.run(main())
+    assert ylock.Lock(any_engine, group, "n").try_lock(0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("server", ["redis", "local"])
+def test_a_thousand_waiting_tasks_cost_no_thread(server: str, request: pytest.FixtureRequest, group: str) -> None:
+    engine = request.getfixturevalue(f"{server}_engine")
+
+    async def main() -> tuple[int, int, float]:
+        holders = [ylock.Lock(engine, group, f"busy{i}") for i in range(1000)]
+        for h in holders:
+            assert await h.atry_lock()                     # held by this task
+        threads_before = threading.active_count()
+        waiters = [asyncio.create_task(ylock.Lock(engine, group, f"busy{i}").alock(timeout=60))
+                   for i in range(1000)]
+        await asyncio.sleep(1.0)                          # let them all queue (a fault's duration)
+        threads_waiting = threading.active_count()
+        free = ylock.Lock(engine, group, "free")
+        started = time.perf_counter()
+        for _ in range(20):
+            await free.alock()
+            await free.aunlock()
+        per_pair = (time.perf_counter() - started) / 20
+        for w in waiters:
+            w.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        for h in holders:
+            await h.aunlock()
+        return threads_before, threads_waiting, per_pair
+    before, waiting, per_pair = asyncio.run(main())
+    assert waiting <= before, f"{waiting - before} more threads while 1,000 tasks wait"
+    assert per_pair < 0.05, f"an uncontended acquire+release took {per_pair * 1000:.1f} ms meanwhile"
+    assert nothing_held(engine, group)
