@@ -80,7 +80,7 @@ def test_a_grant_racing_the_cancellation_is_given_back(any_engine: ylock.Engine,
             name = f"n{i}"
             held, let_go = asyncio.Event(), asyncio.Event()
 
-            async def hold() -> None:
+            async def hold(name: str = name, held: asyncio.Event = held, let_go: asyncio.Event = let_go) -> None:
                 holder = ylock.Lock(any_engine, group, name)
                 await holder.alock()
                 held.set()
@@ -89,7 +89,7 @@ def test_a_grant_racing_the_cancellation_is_given_back(any_engine: ylock.Engine,
             release = asyncio.create_task(hold())
             await held.wait()
 
-            async def wait() -> None:
+            async def wait(name: str = name) -> None:
                 lock = ylock.Lock(any_engine, group, name)
                 await lock.alock(timeout=20)
                 try:
