@@ -25,11 +25,8 @@ delete in a database.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
-import os
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,7 +47,7 @@ from django_ylock.models import Lock
 from ylock.engines.base import LOCK, SEMAPHORE, Engine, LockInfo
 from ylock.errors import LockError
 from ylock.names import check_group, check_name
-from ylock.owner import process_id
+from ylock.owner import process_gone, process_id
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +57,6 @@ VIEW_PERMISSION = "django_ylock.view_lock"
 KINDS = {LOCK: "Locks", SEMAPHORE: "Semaphores"}
 #: A process that started this long after a hold was taken cannot have taken it (its pid
 #: was reused). Slack for the boot time that /proc gives in whole seconds, and clock steps.
-_REUSED_AFTER = 5.0
 
 
 # -- holders and waiters, for people -----------------------------------------------------------------
@@ -155,60 +151,6 @@ def lease_left(ttl: float | None) -> str:
 def this_host() -> str:
     """Return this host's name as owner ids spell it (their first part)."""
     return process_id().split(":", 1)[0]
-
-
-@functools.lru_cache(maxsize=1)
-def _boot_time() -> float | None:
-    try:
-        with open("/proc/stat", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("btime "):
-                    return float(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def _linux_process(pid: int) -> tuple[str, float | None] | None:
-    """Return (state, start time in epoch seconds or None) of ``pid`` from /proc, or None
-    if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except FileNotFoundError:
-        return None
-    except OSError:                           # it exists, but may not be read
-        return ("?", None)
-    after = stat[stat.rfind(b")") + 2:].split()
-    boot = _boot_time()
-    if len(after) < 20 or boot is None:
-        return (after[0].decode() if after else "?", None)
-    return (after[0].decode(), boot + int(after[19]) / os.sysconf("SC_CLK_TCK"))    # field 22: starttime
-
-
-def process_gone(pid: int, since: float | None = None) -> bool:
-    """Return True if no process of this host can be the one ``pid`` that took a hold at
-    ``since`` (epoch seconds): there is none, it is a zombie, or it started after ``since``
-    (its pid was reused). A process that exists but belongs to another user counts as alive."""
-    if pid <= 0 or pid == os.getpid():      # no such holder (0 and -1 would mean process groups), or us
-        return False
-    try:
-        os.kill(pid, 0)                       # signal 0: only asks whether it exists
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass
-    except OSError:
-        return False
-    if not sys.platform.startswith("linux"):
-        return False
-    found = _linux_process(pid)
-    if found is None:
-        return True
-    state, started = found
-    if state in ("Z", "X"):
-        return True
-    return since is not None and started is not None and started > since + _REUSED_AFTER
 
 
 def party(owner: str, mode: str | None, context: Mapping[str, Any], now: float, host: str) -> Party:

@@ -9,10 +9,12 @@ run on different threads and still be the same owner.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import os
 import socket
+import sys
 import threading
 import uuid
 import weakref
@@ -135,6 +137,77 @@ def describe_holder(extra: Mapping[str, object] | None = None) -> str:
         out[str(key)[:40]] = value
         size += item
     return json.dumps(out, separators=(",", ":"), ensure_ascii=False)
+
+
+# -- is a holder's process still there? ---------------------------------------------------------
+
+#: A process that started this much later than a hold was taken cannot have taken it.
+_REUSED_AFTER = 5.0
+
+
+@functools.lru_cache(maxsize=1)
+def _boot_time() -> float | None:
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _linux_process(pid: int) -> tuple[str, float | None] | None:
+    """Return (state, start time in epoch seconds or None) of ``pid`` from /proc, or None
+    if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except FileNotFoundError:
+        return None
+    except OSError:                           # it exists, but may not be read
+        return ("?", None)
+    after = stat[stat.rfind(b")") + 2:].split()
+    boot = _boot_time()
+    if len(after) < 20 or boot is None:
+        return (after[0].decode() if after else "?", None)
+    return (after[0].decode(), boot + int(after[19]) / os.sysconf("SC_CLK_TCK"))    # field 22: starttime
+
+
+def process_gone(pid: int, since: float | None = None) -> bool:
+    """Return True if no process of this host can be the one ``pid`` that took a hold at
+    ``since`` (epoch seconds): there is none, it is a zombie, or it started after ``since``
+    (its pid was reused). A process that exists but belongs to another user counts as alive."""
+    if pid <= 0 or pid == os.getpid():      # no such holder (0 and -1 would mean process groups), or us
+        return False
+    try:
+        os.kill(pid, 0)                       # signal 0: only asks whether it exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    except OSError:
+        return False
+    if not sys.platform.startswith("linux"):
+        return False
+    found = _linux_process(pid)
+    if found is None:
+        return True
+    state, started = found
+    if state in ("Z", "X"):
+        return True
+    return since is not None and started is not None and started > since + _REUSED_AFTER
+
+
+def holder_stale(host: object, pid: object, since: object) -> bool:
+    """True if a holder said to run on this host (by its owner id's host) as ``pid`` since
+    ``since`` (epoch seconds) has no process here any more: its hold lives on only until its
+    lease (or session) runs out. False when that cannot be known (another host)."""
+    return host == _host() and isinstance(pid, int) and process_gone(pid, since if isinstance(since, float) else None)
+
+
+def _host() -> str:
+    return _process_id.split(":", 1)[0]
 
 
 def _after_fork_in_child() -> None:

@@ -5,6 +5,7 @@ this, so all print the same. (What a refused request answers is :mod:`ylock.web`
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -35,7 +36,8 @@ def table(infos: Sequence[tuple[str, LockInfo]]) -> str:
     lines = [COLUMNS]
     for alias, i in infos:
         ttl = "-" if i.ttl is None else f"{i.ttl:.1f}s"
-        lines.append((alias, i.group, i.name, i.mode or "-", ", ".join(i.owners) or "-",
+        name = i.name if i.kind != "semaphore" else f"{i.name} ({len(i.owners)}/{i.permits} permits)"
+        lines.append((alias, i.group, name, i.mode or "-", ", ".join(_owner(i, o) for o in i.owners) or "-",
                       ", ".join(i.waiters) or "-", ttl, "-" if i.token is None else str(i.token)))
     widths = [max(len(str(line[c])) for line in lines) for c in range(len(COLUMNS))]
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip() for line in lines)
@@ -45,14 +47,33 @@ def detail(alias: str, info: LockInfo | None, group: str, name: str) -> str:
     """Return a multi-line description of one lock (``ylock inspect``)."""
     if info is None:
         return f"{group}/{name} on {alias}: free, nobody waiting"
-    out = [f"{group}/{name} on {alias}",
+    out = [f"{group}/{name} on {alias}" + (f" (a semaphore of {info.permits} permits)" if info.kind == "semaphore"
+                                           else ""),
            f"  mode:    {info.mode or 'free'}",
-           f"  owners:  {', '.join(info.owners) or '-'}",
-           f"  ttl:     {'-' if info.ttl is None else f'{info.ttl:.1f}s'}",
-           f"  token:   {'-' if info.token is None else info.token}",
-           f"  waiters: {len(info.waiters)}"]
+           f"  owners:  {', '.join(_owner(info, o) for o in info.owners) or '-'}"]
+    out.extend(f"    {o}: {_doing(info.context[o])}" for o in info.owners if o in info.context)
+    out += [f"  ttl:     {'-' if info.ttl is None else f'{info.ttl:.1f}s'}",
+            f"  token:   {'-' if info.token is None else info.token}",
+            f"  waiters: {len(info.waiters)}"]
     out.extend(f"    {i + 1}. {w}" for i, w in enumerate(info.waiters))
     return "\n".join(out)
+
+
+def _owner(info: LockInfo, owner: str) -> str:
+    """An owner id, marked when its process is gone from this host (its lease frees it)."""
+    return f"{owner} (stale)" if info.context.get(owner, {}).get("stale") else owner
+
+
+def _doing(said: Mapping[str, Any]) -> str:
+    """What a holder said it is doing, how long ago it took the hold, and whether it is stale."""
+    fields = {k: v for k, v in said.items() if k not in ("what", "host", "pid", "since", "stale", "traceparent")}
+    parts = [str(said["what"])] if said.get("what") else []
+    parts += [f"{k}={v}" for k, v in fields.items()]
+    if isinstance(said.get("since"), (int, float)):
+        parts.append(f"for {max(0.0, time.time() - said['since']):.0f}s")
+    if said.get("stale"):
+        parts.append("STALE: its process is gone; its lease frees it")
+    return ", ".join(parts) or "-"
 
 
 def find(infos: Iterable[LockInfo], name: str) -> LockInfo | None:

@@ -39,6 +39,7 @@ from urllib.parse import parse_qsl
 from ylock.errors import ConfigurationError
 from ylock.holds import LOCK, MODES, PERMIT, READ, SEMAPHORE, WRITE, RenewItem
 from ylock.options import E_ENGINE_URL
+from ylock.owner import holder_stale
 from ylock.waiting import Polling
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,8 @@ def holder_context(owner: str, since: float | None, raw: str | bytes | None) -> 
         out["pid"] = int(parts[1]) if parts[1].isdigit() else parts[1]
     if since is not None:
         out["since"] = round(since, 3)
+    if holder_stale(out.get("host"), out.get("pid"), since):
+        out["stale"] = True            # its process is gone from this host: its lease frees it
     return out
 
 
