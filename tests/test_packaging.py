@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("ylock", "django_ylock", "flask_ylock")
+PACKAGES = ("ylock", "django_ylock", "flask_ylock", "celery_ylock")
 #: What a source tree must hold to build (what the sdist ships besides the packages).
 TOP_FILES = ("setup.cfg", "pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE")
 

@@ -21,7 +21,7 @@ from ylock.errors import (
 )
 from ylock.holds import HOLDS
 from ylock.leader import Leadership
-from ylock.lock import DEFAULT, Guard, Lock, Locks, Semaphore, Semaphores
+from ylock.lock import DEFAULT, Guard, Lock, Locks, Semaphore, Semaphores, Ticket
 from ylock.multi import all_of
 from ylock.owner import context, current_owner, owner_scope, run_as
 from ylock.waiting import Polling
@@ -30,7 +30,7 @@ from ylock.watchdog import WATCHDOG
 __version__ = "0.1.0"
 
 __all__ = [
-    "Lock", "Locks", "Semaphore", "Semaphores", "Guard", "all_of", "Leadership",
+    "Lock", "Locks", "Semaphore", "Semaphores", "Guard", "all_of", "Leadership", "Ticket",
     "Engine", "LockInfo", "AcquireRequest", "RenewItem", "Polling",
     "READ", "WRITE", "DEFAULT", "engine_from_url", "engine_from_path", "current_owner", "owner_scope", "run_as",
     "context",

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ylock import events, options, tracing
-from ylock.engines.base import READ, WRITE, AcquireRequest, Engine
+from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, RenewItem
 from ylock.errors import ConfigurationError, LockError, LockLost, LockNotOwned, LockTimeout, LockUpgradeError
 from ylock.holds import HOLDS, LOCK, PERMIT, SEMAPHORE, Hold
 from ylock.names import check_group, check_name
@@ -272,11 +272,14 @@ class _Holding:
 
     # -- holds that change hands ----------------------------------------------------------------
 
-    def detach(self) -> Ticket:
+    def detach(self, lease: float | None = None) -> Ticket:
         """End this owner's hold here without releasing it on the server, and return a
         :class:`Ticket` with which another thread or process takes it over
         (:meth:`adopt`). Nobody renews the hold between the two: its lease bounds how long a
-        ticket that is never adopted blocks others."""
+        ticket that is never adopted blocks others. ``lease``: seconds the hold is to last
+        unadopted from now (a ticket that waits in a task queue needs longer than the
+        lock's own lease; default: the lock's)."""
+        lease = self.lease if lease is None else options.lease(lease, "detach lease")
         owner = current_owner()
         hold = _holds.get(self._key(owner))
         if hold is None:
@@ -288,8 +291,14 @@ class _Holding:
             raise LockError("this owner holds both the write and the read lock (a downgrade): release one "
                             "before detaching", group=self.group, name=self.name)
         mode = modes[0][0]
+        if self.engine.needs_renewal:
+            # A new hold may still have its short first lease: give the ticket all of its own.
+            renewed, = self.engine.renew([RenewItem(self.group, self.name, owner, mode, lease)])
+            if renewed is False:
+                HOLDS.lose(hold, "the server no longer had this hold at detach")
+                raise LockLost("the hold was lost before it could be detached", group=self.group, name=self.name)
         HOLDS.remove(hold)
-        self.engine.detached(self.group, self.name, mode, owner, self.lease)
+        self.engine.detached(self.group, self.name, mode, owner, lease)
         events.publish(events.DETACHED, self.group, self.name, self.engine.scheme, mode, owner=owner,
                        token=hold.token)
         return Ticket(self.kind, self.group, self.name, mode, owner, hold.token, self.lease, self.permits,
@@ -299,11 +308,14 @@ class _Holding:
     def adopt(cls, engine: Engine, ticket: Ticket | Mapping[str, Any], **options: Any) -> Any:
         """Take over the hold that ``ticket`` (from :meth:`detach`, or its :meth:`Ticket.as_dict`)
         describes, as the calling thread or task, and return the lock (or semaphore: the
-        ticket says which) holding it: the token is unchanged, and this process's watchdog renews it from now on. Raise
-        :class:`LockLost` if the hold is gone (lost, or adopted already)."""
+        ticket says which) holding it: the token is unchanged, and this process's watchdog
+        renews it from now on, with the lock's lease (``lease=`` among ``options``, else the
+        detached lock's) from the adoption on. Raise :class:`LockLost` if the hold is gone
+        (lost, or adopted already)."""
         t = ticket if isinstance(ticket, Ticket) else Ticket.from_dict(ticket)
-        target: Lock | Semaphore = Semaphore(engine, t.group, t.name, permits=t.permits, lease=t.lease, **options) \
-            if t.kind == SEMAPHORE else Lock(engine, t.group, t.name, lease=t.lease, **options)
+        options.setdefault("lease", t.lease)
+        target: Lock | Semaphore = Semaphore(engine, t.group, t.name, permits=t.permits, **options) \
+            if t.kind == SEMAPHORE else Lock(engine, t.group, t.name, **options)
         if not engine.adopts_across_processes and t.process != owner_process():
             raise ConfigurationError(f"{type(engine).__name__} holds live in the session of the process that took "
                                      "them: a ticket can be adopted only in the process that detached it",
@@ -312,13 +324,16 @@ class _Holding:
         if not engine.adopt(t.group, t.name, t.mode, t.owner, owner, t.token):
             raise LockLost("the ticket's hold is gone: its lease ran out, it was force-released, or it was "
                            "adopted already", group=t.group, name=t.name)
-        hold = Hold(engine, t.group, t.name, owner, t.lease, t.token, t.kind)
+        if engine.needs_renewal:
+            # From now on the adopter's lease, not what was left of the ticket's.
+            engine.renew([RenewItem(t.group, t.name, owner, t.mode, target.lease)])
+        hold = Hold(engine, t.group, t.name, owner, target.lease, t.token, t.kind)
         if t.mode == WRITE:
             hold.writes = 1
         else:
             hold.reads = 1
         HOLDS.add(hold)
-        if HOLDS.renew_from(hold, t.mode, target.polling.waiter_lease / 3):
+        if HOLDS.renew_from(hold, t.mode, target.lease / 3):
             WATCHDOG.ensure_running()
         events.publish(events.ADOPTED, t.group, t.name, engine.scheme, t.mode, owner=owner, token=t.token)
         return target
