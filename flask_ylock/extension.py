@@ -15,6 +15,7 @@ import functools
 import inspect
 import json
 import logging
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -42,7 +43,10 @@ class State:
         # Validate everything before starting anything (exporters are process-wide).
         self.settings = settings_from_app(app)
         self.registry = Registry(self.settings, where="YLOCK")
-        self.registry.validate(known=TOP_KEYS)
+        try:
+            self.registry.validate(known=TOP_KEYS)
+        except ylock.ConfigurationError as exc:
+            raise in_config_terms(exc, app) from exc
         self.web = web_settings_from_app(app)
         self.secret = app.secret_key
         ylock.metrics.validate(self.settings["METRICS"], setting=where("METRICS"))
@@ -50,6 +54,17 @@ class State:
         self.user_locks = None if self.web.user_lock is None else {
             mode: web.LockedView(self.web.user_lock.lock, key=None, mode=mode, timeout=self.web.user_lock.timeout,
                                  anonymous=self.web.user_lock.anonymous) for mode in (web.READ, web.WRITE)}
+
+
+def in_config_terms(exc: ylock.ConfigurationError, app: Flask) -> ylock.ConfigurationError:
+    """The registry's error, naming the ``app.config`` keys the user wrote: the registry
+    reads a Django-shaped dict (``YLOCK['LOCKS']['accounts']``), the user wrote
+    ``YLOCK_LOCKS['accounts']`` (and ``YLOCK_URL``, when the default engine came from it)."""
+    def rename(text: str) -> str:
+        if app.config.get("YLOCK_ENGINES") is None:
+            text = text.replace("YLOCK['ENGINES']['default']", "YLOCK_URL")
+        return re.sub(r"YLOCK\['(ENGINES|LOCKS|METRICS)'\]", r"YLOCK_\1", text)
+    return ylock.ConfigurationError(rename(exc.problem), code=exc.code, hint=rename(exc.hint))
 
 
 class YLock:

@@ -19,6 +19,7 @@ objects and settings into these calls, so both answer the same requests the same
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -284,12 +285,27 @@ def enter(lock: Lock, mode: str, timeout: float | None, settings: WebSettings, *
 async def aenter(lock: Lock, mode: str, timeout: float | None, settings: WebSettings, *, retry: int | None = None,
                  status: int | None = None, custom: bool = False) -> Refusal | LockTimeout | None:
     """:func:`enter` for async views: waits without a thread; a cancelled request (the client
-    went away) leaves the queue and holds nothing."""
+    went away) leaves the queue and holds nothing, and its view never runs."""
     try:
         got = await (lock.atry_lock(timeout) if mode == WRITE else lock.atry_rlock(timeout))
     except EngineUnavailable as exc:
         return unavailable(lock, exc)
+    if _being_cancelled():
+        # The request was cancelled while it waited, but the cancellation was swallowed on
+        # the way (Python < 3.12's asyncio.wait_for, which redis-py's asyncio sends use, drops
+        # one that lands as the awaited call completes), so the wait went on: the client is
+        # gone, so give back what it got and end the request, as the cancellation meant.
+        if got:
+            await aleave(lock, mode)
+        raise asyncio.CancelledError
     return None if got else _refusal(lock, mode, timeout, settings, retry, status, custom)
+
+
+def _being_cancelled() -> bool:
+    """True when the running task has a cancellation requested (Python 3.11+ can tell)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is not None and cancelling() > 0
 
 
 def _refusal(lock: Lock, mode: str, timeout: float | None, settings: WebSettings, retry: int | None,
