@@ -379,6 +379,21 @@ async def _abandon(steps: Steps, ado: Callable[[Any], Awaitable[Any]],
         logger.warning("ylock: cleaning up after a cancelled lock call failed", exc_info=True)
 
 
+class _NoEvent:
+    """Stands for a Mailbox's threading.Event until somebody waits in a thread."""
+
+    @staticmethod
+    def set() -> None:
+        pass
+
+    @staticmethod
+    def clear() -> None:
+        pass
+
+
+_NO_EVENT: Any = _NoEvent()
+
+
 class Mailbox:
     """Events for one waiting acquisition (watch events, wake-ups), handed from any thread
     to the owner, whether it waits in a thread or in an asyncio task (no thread of its own)."""
@@ -387,7 +402,7 @@ class Mailbox:
 
     def __init__(self) -> None:
         self._events: collections.deque[Any] = collections.deque()
-        self._ready = threading.Event()
+        self._ready = _NO_EVENT          # made when somebody first waits (most never do)
         self._future: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -416,8 +431,13 @@ class Mailbox:
 
     def wait(self, timeout: float | None) -> Any:
         event = self.take()
-        if event is None and self._ready.wait(timeout):
-            event = self.take()
+        if event is None:
+            if self._ready is _NO_EVENT:
+                self._ready = threading.Event()
+                if self._events:              # arrived before the event existed
+                    return self.take()
+            if self._ready.wait(timeout):
+                event = self.take()
         return event
 
     async def await_(self, timeout: float | None) -> Any:

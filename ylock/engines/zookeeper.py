@@ -732,20 +732,23 @@ class ZooKeeperEngine(Engine):
     def _orphan(self, node: str) -> None:
         with self._mutex:
             self._orphans.add(node)
-        self._start_keeper()
+        self._start_keeper(wake=True)
 
     def _orphan_prefix(self, lockpath: str, prefix: str) -> None:
         with self._mutex:
             self._orphan_prefixes.add((lockpath, prefix))
-        self._start_keeper()
+        self._start_keeper(wake=True)
 
-    def _start_keeper(self) -> None:
+    def _start_keeper(self, wake: bool = False) -> None:
+        """Start the keeper thread unless it runs; ``wake`` it for work that cannot wait for
+        its next round (a release does not: it wakes every ``idle / 2`` anyway, and a wake-up
+        per release would cost the lock path a thread switch)."""
         if self._keeper is None or not self._keeper.is_alive():
             with self._mutex:
                 if self._keeper is None or not self._keeper.is_alive():
                     self._keeper = threading.Thread(target=self._keep, name="ylock-zk-keeper", daemon=True)
                     self._keeper.start()
-        else:
+        elif wake:
             self._wake_keeper()
 
     def _wake_keeper(self) -> None:
