@@ -451,10 +451,9 @@ class ZooKeeperEngine(Engine):
         self._creating.add(flight)
         try:
             while True:
-                left = self._left(end)
                 if not self._connected.is_set():
-                    yield ("connect", self._connect_wait(left, r.deadline))
-                    left = self._left(end)
+                    yield ("connect", self._reconnect_wait(claim, r, end))
+                left = self._left(end)
                 try:
                     if claim.node is None and not claim.unsure:
                         created, children = yield ("send", [("create", f"{lockpath}/{claim.prefix}", data),
@@ -479,7 +478,7 @@ class ZooKeeperEngine(Engine):
                         claim.unsure = True
                     if r.deadline is not None and time.monotonic() >= r.deadline:
                         raise
-                    yield ("connect", self._connect_wait(self._left(end), r.deadline))
+                    yield ("connect", self._reconnect_wait(claim, r, end))
                     continue
                 mine = self._mine(claim, children)
                 if mine is None:
@@ -505,7 +504,7 @@ class ZooKeeperEngine(Engine):
                 if len(blockers) < (r.permits if permit else 1):
                     return self._granted(claim)
                 if r.deadline is not None and time.monotonic() >= r.deadline:
-                    yield from self._give_up(claim)
+                    yield from self._give_up(claim, end)
                     return None
                 if permit:
                     yield from self._wait_for_change(claim, r, end)
@@ -516,11 +515,11 @@ class ZooKeeperEngine(Engine):
         except GeneratorExit:
             raise
         except Abandon:
-            yield from self._give_up(claim)
+            yield from self._give_up(claim, end)
             raise
         except BaseException:
             if not claim.held:
-                yield from self._give_up(claim)
+                yield from self._give_up(claim, end)
             raise
         finally:
             self._creating.discard(flight)
@@ -561,7 +560,7 @@ class ZooKeeperEngine(Engine):
                 # The connection dropped (kazoo fires every watch): not a deletion. Look
                 # again once it is back; our watches must be set again too.
                 claim.own_watched = False
-                yield ("connect", min(self._left(end), self.session_timeout))
+                yield ("connect", self._reconnect_wait(claim, r, end))
                 return False
             if event.path == claim.node:
                 if event.type == EventType.DELETED:
@@ -581,7 +580,7 @@ class ZooKeeperEngine(Engine):
             return
         event = yield ("wait", claim.mailbox, wait)
         if event is not None and event.type == EventType.NONE:
-            yield ("connect", min(self._left(end), self.session_timeout))
+            yield ("connect", self._reconnect_wait(claim, r, end))
 
     def _mine(self, claim: _Claim, children: list[str]) -> str | None:
         """Return our node among ``children`` (after a create without answer: the earliest of
@@ -620,9 +619,10 @@ class ZooKeeperEngine(Engine):
             self._held_event(claim, event)
         return claim.token
 
-    def _give_up(self, claim: _Claim) -> Steps:
-        """Delete our node (a timeout, a cancellation, an error): within one request's time;
-        if that fails, in the background once connected."""
+    def _give_up(self, claim: _Claim, end: float | None) -> Steps:
+        """Delete our node (a timeout, a cancellation, an error) within what is left of the
+        call's budget ``end`` (at most one request's time); if there is no time left, or no
+        connection, or no answer, the keeper deletes it in the background once connected."""
         node = claim.node
         claim.released = True
         self._forget(claim)
@@ -630,10 +630,25 @@ class ZooKeeperEngine(Engine):
             if claim.unsure:
                 self._orphan_prefix(claim.lockpath, claim.prefix)
             return
+        budget = self.connect_timeout if end is None else min(self.connect_timeout, end - time.monotonic())
+        if budget < 0.005 or not self._connected.is_set():
+            self._orphan(node)
+            return
         try:
-            yield ("send", [("delete", node)], self.connect_timeout)
+            yield ("send", [("delete", node)], budget)
         except (EngineUnavailable, LockError):
             self._orphan(node)
+
+    def _reconnect_wait(self, claim: _Claim, r: AcquireRequest, end: float | None) -> float:
+        """How long an acquisition waits for a lost connection to come back. A queued
+        waiter's node keeps its place while the session lives, so it waits to the end of its
+        deadline (a wait without deadline: one session timeout, after which the node is gone
+        anyway); a call that has queued nothing yet waits as a new call would."""
+        if claim.node is not None or claim.unsure:
+            if r.deadline is None:
+                return self.session_timeout
+            return max(0.0, r.deadline - time.monotonic())
+        return self._connect_wait(self._left(end), r.deadline)
 
     def _left(self, end: float | None) -> float:
         if end is None:

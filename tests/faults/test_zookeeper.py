@@ -1,0 +1,348 @@
+"""Faults against the ZooKeeper engine on a real server of this module's own: a force-release
+with a queued waiter, restarts, a frozen server, a black-holed network, no server at all, a
+holder process stopped or killed, fork. Every test writes through the fenced register and
+the unfenced counter inside the lock and checks exclusion with the journal of holds; every
+call's time is bounded from both sides."""
+from __future__ import annotations
+
+import functools
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import ylock
+from tests.faults import SLACK, hold_until_lost, owners, server_has, take, timed, workers
+from tests.helpers import Runner, collect, expect_event, wait_until, waiters
+from ylock import events
+from ylock.testing import free_port
+
+pytestmark = pytest.mark.slow
+spawn = multiprocessing.get_context("spawn")
+fork = multiprocessing.get_context("fork")
+
+
+def test_force_release_with_a_queued_waiter_never_grants_a_deleted_node(zookeeper, engines, journal, group, figures):
+    """H holds, W is queued, an operator force-releases the lock, a newcomer C asks for it: H
+    is told at once that it lost the lock, W (whose node went first) queues again, and W and
+    C get the lock one after the other, each the server's holder while inside. Repeated,
+    since it is a race between the deletes and the watches."""
+    url = zookeeper.url(f"/{group}")
+    admin, holder, waiter, newcomer = (engines(url) for _ in range(4))
+    handover: list[float] = []
+    told: list[float] = []
+    for i in range(30):
+        name = f"n{i}"
+        confirm = server_has(admin, group, name)
+        inside = threading.Event()
+        h = Runner(functools.partial(hold_until_lost, ylock.Lock(holder, group, name), journal, inside))
+        h.start()
+        assert inside.wait(10)
+        w = Runner(functools.partial(take, ylock.Lock(waiter, group, name), journal, "W", confirm))
+        w.start()
+        wait_until(lambda name=name: waiters(admin, group, name), what="W queued")
+        released = timed(admin.force_release, group, name).within(0, 2.0 + SLACK, "force_release")
+        assert released.result is True
+        c = Runner(functools.partial(take, ylock.Lock(newcomer, group, name), journal, "C", confirm))
+        c.start()
+        h_record, w_record, c_record = h.outcome(20), w.outcome(20), c.outcome(20)
+        assert h_record.outcome == "lost", h_record
+        assert (w_record.outcome, c_record.outcome) == ("released", "released"), (w_record, c_record)
+        told.append(h_record.lost_at - released.started)
+        handover.append(min(w_record.granted, c_record.granted) - released.started)
+    verdict = journal.check()
+    assert min(handover) >= 0, "W or C got the lock before the force-release"
+    assert max(told) < 2.0, f"the force-released holder was told late: {max(told):.3f} s"
+    figures(f"force-release -> holder told lost after max {max(told):.3f} s; next holder in after "
+            f"median {sorted(handover)[len(handover) // 2]:.3f} s, max {max(handover):.3f} s; {verdict}")
+
+
+@pytest.mark.parametrize(("down", "session"), [(1.0, 10), (4.0, 3)], ids=["1s-down", "4s-down-3s-session"])
+def test_restart_keeps_the_session_and_the_hold(zookeeper, engines, journal, group, down, session, figures):
+    """The server restarts with the same data (1 s down, or 4 s: longer than a 3 s session):
+    the holder's session survives (ZooKeeper reloads its sessions with a fresh timeout, and
+    the engine reconnects within it), so it is not reported lost, describe() still shows it,
+    its release succeeds and deletes its node, and the waiter queued through the restart
+    gets the lock then. (A holder is lost only if it stays cut off for a session timeout
+    after the server is back: the next test.)
+
+    The waiter's engine has ``connect_timeout=8``; with the default 2 s a queued waiter rides
+    out the restart too (next test): it waits for the connection within its deadline."""
+    url = zookeeper.url(f"/{group}") + "?session_timeout=10"
+    holder_engine, admin = engines(zookeeper.url(f"/{group}") + f"?session_timeout={session}"), engines(url)
+    waiter_engine = engines(url + "&connect_timeout=8")
+    h = ylock.Lock(holder_engine, group, "n")
+    h.lock()
+    h_record = workers.write_inside(h, "H", journal.checkers, writes=1, release=False)
+    w = Runner(lambda: take(ylock.Lock(waiter_engine, group, "n"), journal, "W", timeout=30))
+    w.start()
+    wait_until(lambda: waiters(admin, group, "n"), what="W queued")
+    back = expect_event(events.RECONNECTED, group)
+    with collect(events.LOST) as lost:
+        zookeeper.restart(down=down)
+        restarted = time.monotonic()
+        assert back.wait(15), "the holder's engine did not reconnect"
+        reconnected = time.monotonic() - restarted
+        holders, queued = owners(admin, group, "n")
+        assert holders == (h_record.owner,) and len(queued) == 1, (holders, queued)
+        assert not h.lost and not lost
+        wait_until(lambda: waiter_engine.client.connected, what="the waiter's engine reconnected")
+        workers.write_once(h_record, journal.checkers)
+        h_record.ended = time.monotonic()
+        unlock = timed(h.unlock).within(0, 2.0 + SLACK, "the holder's release")
+        assert unlock.error is None, unlock.error                # no LockLost: the hold was never lost
+    h_record.outcome, h_record.released = "released", time.monotonic()
+    journal.add(h_record)
+    w_record = w.outcome(15)
+    handed = w_record.granted - unlock.started
+    assert 0 <= handed < 1.0, f"the waiter got the lock {handed:.3f} s after the release began"
+    verdict = journal.check()
+    figures(f"ZooKeeper restart ({down:g} s down, session {session} s, kept): holder reconnected "
+            f"{reconnected:.3f} s after the server was back, not lost; waiter in {handed:.3f} s after the "
+            f"holder's release began; {verdict}")
+
+
+def test_queued_waiter_rides_out_a_restart_within_its_deadline(zookeeper, engines, journal, group):
+    """A restart 3 s down (the session survives it) with the default connect_timeout (2 s):
+    the waiter's lock(timeout=30) should wait for the connection within its deadline ("A
+    waiter waits for the connection to come back (within its deadline) and looks again", says
+    the engine's docstring)."""
+    url = zookeeper.url(f"/{group}") + "?session_timeout=10"
+    holder_engine, waiter_engine, admin = engines(url), engines(url), engines(url)
+    h = ylock.Lock(holder_engine, group, "n")
+    h.lock()
+    w = Runner(lambda: take(ylock.Lock(waiter_engine, group, "n"), journal, "W", timeout=30))
+    w.start()
+    wait_until(lambda: waiters(admin, group, "n"), what="W queued")
+    zookeeper.restart(down=3.0)
+    owners(admin, group, "n")                                     # connected again
+    h.unlock()
+    assert w.outcome(15).outcome == "released"
+    journal.check()
+
+
+def test_holder_cut_off_past_its_session_across_a_restart_is_lost(zookeeper, engines, proxy_to, journal, group,
+                                                                  figures):
+    """A restart keeps every session, with a fresh timeout (a plain restart of any length
+    keeps the holder: ZooKeeper reloads its sessions). Here the holder also stays cut off
+    (a black-holed proxy) for longer than its session timeout after the server is back:
+    its session expires, the waiter (reconnected) gets the lock, and the holder, which kept
+    writing meanwhile, is fenced off and told it lost the lock once it can reach the server."""
+    proxy = proxy_to(zookeeper.port)
+    holder_engine = engines(f"zookeeper://{proxy.address}/{group}?session_timeout=2")
+    waiter_engine = engines(zookeeper.url(f"/{group}") + "?session_timeout=10&connect_timeout=8")
+    admin = engines(zookeeper.url(f"/{group}"))
+    inside = threading.Event()
+    h = Runner(lambda: hold_until_lost(ylock.Lock(holder_engine, group, "n"), journal, inside))
+    h.start()
+    assert inside.wait(10)
+    w = Runner(lambda: take(ylock.Lock(waiter_engine, group, "n"), journal, "W", timeout=30))
+    w.start()
+    wait_until(lambda: waiters(admin, group, "n"), what="W queued")
+    proxy.drop()
+    zookeeper.restart(down=1.0)
+    restarted = time.monotonic()
+    w_record = w.outcome(30)                                      # the holder's session expired meanwhile
+    proxy.heal()
+    healed = time.monotonic()
+    h_record = h.outcome(30)
+    assert w_record.outcome == "released" and h_record.outcome == "lost", (w_record, h_record)
+    taken = w_record.granted - restarted
+    assert 1.0 < taken < 2.0 * 1.5 + 1.0 + SLACK, f"the waiter got the lock {taken:.3f} s after the restart"
+    told = h_record.lost_at - healed
+    assert 0 <= told < 4.0, f"the holder was told {told:.3f} s after it could reach the server again"
+    assert h_record.rejected >= 1, "the cut-off holder's writes after the new holder's were not rejected"
+    verdict = journal.check()
+    figures(f"ZooKeeper restart, holder cut off past its 2 s session: waiter in {taken:.3f} s after the "
+            f"restart; holder told lost {told:.3f} s after reconnecting; {verdict}")
+
+
+@pytest.mark.parametrize("fault", ["frozen", "dropped"])
+def test_queued_lock_returns_within_its_timeout(zookeeper, engines, proxy_to, journal, group, fault, figures):
+    """A queued lock(timeout=2) while the server is frozen (SIGSTOP) or the network drops
+    everything: it returns LockTimeout or EngineUnavailable within 2 s + connect_timeout (1 s),
+    never later; afterwards the lock works again (the bound is asserted last)."""
+    url = zookeeper.url(f"/{group}")
+    proxy = proxy_to(zookeeper.port)
+    holder_engine, admin = engines(url), engines(url)
+    waiter_engine = engines(f"zookeeper://{proxy.address}/{group}?connect_timeout=1")
+    h = ylock.Lock(holder_engine, group, "n")
+    h.lock()
+    h_record = workers.write_inside(h, "H", journal.checkers, writes=1, release=False)
+    w = Runner(lambda: timed(ylock.Lock(waiter_engine, group, "n").lock, timeout=2))
+    w.start()
+    wait_until(lambda: waiters(admin, group, "n"), what="W queued")
+    faulted = time.monotonic()
+    if fault == "frozen":
+        zookeeper.pause()
+    else:
+        proxy.drop()
+    try:
+        outcome = w.outcome(2 + 2 * 1 + 5)
+    finally:
+        _end(fault, zookeeper, proxy)
+    assert isinstance(outcome.error, (ylock.LockTimeout, ylock.EngineUnavailable)), outcome
+    workers.write_once(h_record, journal.checkers)
+    h_record.ended = time.monotonic()
+    journal.add(workers.finish(h, h_record))
+    assert h_record.outcome == "released", h_record
+    again = timed(take, ylock.Lock(engines(url), group, "n"), journal, "W2", timeout=10)
+    assert again.error is None, again.error
+    verdict = journal.check()
+    figures(f"ZooKeeper {fault}: queued lock(timeout=2) -> {type(outcome.error).__name__} after "
+            f"{outcome.elapsed:.3f} s (overrun {outcome.elapsed - 2:+.3f} s, bound 2 + connect_timeout 1); "
+            f"lock works again {again.elapsed:.3f} s after; {verdict}")
+    low = 2.0 if isinstance(outcome.error, ylock.LockTimeout) else faulted - outcome.started
+    outcome.within(low, 2.0 + 1.0 + SLACK, f"lock(timeout=2) with the server {fault}")
+
+
+def _end(fault: str, zookeeper, proxy) -> None:
+    if fault == "frozen":
+        zookeeper.resume()
+    else:
+        proxy.heal()
+
+
+@pytest.mark.parametrize("fault", ["frozen", "dropped"])
+def test_unlock_while_unreachable_deletes_the_node_once_back(zookeeper, engines, proxy_to, journal, group, fault,
+                                                             figures):
+    """The holder releases while the server is frozen, or its network drops everything: the
+    release returns within connect_timeout (EngineUnavailable), and once the server is
+    reachable again its node is deleted, with its session still alive (nothing leaks until
+    the session would expire): the waiter gets the lock within a bound."""
+    proxy = proxy_to(zookeeper.port)
+    holder_url = (zookeeper.url(f"/{group}") if fault == "frozen" else f"zookeeper://{proxy.address}/{group}")
+    holder_engine = engines(holder_url + "?session_timeout=6&connect_timeout=1")
+    waiter_engine = engines(zookeeper.url(f"/{group}") + "?session_timeout=6&connect_timeout=8")
+    admin = engines(zookeeper.url(f"/{group}"))
+    h = ylock.Lock(holder_engine, group, "n")
+    h.lock()
+    h_record = workers.write_inside(h, "H", journal.checkers, writes=2, release=False)
+    session = holder_engine.client.client_id
+    w = Runner(lambda: take(ylock.Lock(waiter_engine, group, "n"), journal, "W", timeout=30))
+    w.start()
+    wait_until(lambda: waiters(admin, group, "n"), what="W queued")
+    if fault == "frozen":
+        zookeeper.pause()
+    else:
+        proxy.drop()
+    try:
+        unlock = timed(h.unlock)
+    finally:
+        back = time.monotonic()
+        _end(fault, zookeeper, proxy)
+    assert unlock.error is None or isinstance(unlock.error, ylock.EngineUnavailable), unlock.error
+    unlock.within(0.0 if unlock.error is None else 1.0 - 0.05, 1.0 + SLACK, f"unlock with the server {fault}")
+    h_record.outcome = "release unavailable" if unlock.error else "released"
+    journal.add(h_record)
+    w_record = w.outcome(20)
+    taken = w_record.granted - back
+    assert 0 <= taken < 4.0, f"the waiter got the lock {taken:.3f} s after the server was back"
+    assert holder_engine.client.client_id == session, "the node went with the session, not with a delete"
+    assert owners(admin, group, "n") == ((), ())
+    verdict = journal.check()
+    figures(f"ZooKeeper {fault} during unlock: unlock -> {type(unlock.error).__name__} after {unlock.elapsed:.3f} s "
+            f"(connect_timeout 1); node deleted, waiter in {taken:.3f} s after the server was back; {verdict}")
+
+
+def test_unreachable_server_fails_each_call_within_its_timeout_quietly(engines, caplog, group, figures):
+    """Nothing listens: after the first call (which may wait connect_timeout), each
+    lock(timeout=0.5) fails within about 0.5 s, and kazoo's reconnection attempts do not log
+    a page per call."""
+    caplog.set_level(logging.DEBUG, logger="ylock.engines.zookeeper.kazoo")
+    engine = engines(f"zookeeper://127.0.0.1:{free_port()}/{group}?connect_timeout=1")
+    lock = ylock.Lock(engine, group, "n")
+    first = timed(lock.lock, timeout=0.5).within(0.5 - 0.05, 1.0 + SLACK, "the first call")
+    assert isinstance(first.error, ylock.EngineUnavailable), first
+    caplog.clear()
+    calls = [timed(lock.lock, timeout=0.5) for _ in range(20)]
+    for call in calls:
+        assert isinstance(call.error, (ylock.EngineUnavailable, ylock.LockTimeout)), call
+        call.within(0.5 - 0.05, 0.5 + SLACK, "a call with timeout=0.5")
+    lines = [r for r in caplog.records if r.name.startswith("ylock.engines.zookeeper.kazoo")]
+    assert len(lines) <= 5, f"{len(lines)} kazoo log records over 20 calls: {[r.getMessage() for r in lines[:8]]}"
+    figures(f"ZooKeeper unreachable: first call {first.elapsed:.3f} s, then max "
+            f"{max(c.elapsed for c in calls):.3f} s per lock(timeout=0.5); {len(lines)} kazoo log records in 20 calls")
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_holder_process_killed_or_stopped_past_its_session(zookeeper, engines, journal, group, how, figures):
+    """A holder process is killed, or stopped (SIGSTOP) past its 2 s session, inside the lock:
+    a waiter gets the lock once the session expired (not before: exclusion holds while it
+    lives); a stopped holder, resumed, writes at once with its stale token, which the fenced
+    register rejects, and is told it lost the lock."""
+    url = zookeeper.url(f"/{group}") + "?session_timeout=2"
+    parent, child = spawn.Pipe()
+    proc = spawn.Process(target=workers.hold_then_write_until_lost, args=(url, group, "n", 30.0, journal.checkers,
+                                                                          child))
+    proc.start()
+    try:
+        assert parent.poll(30), "the holder process did not take the lock"
+        kind, h_record = parent.recv()
+        os.kill(proc.pid, getattr(signal, how))
+        stopped = time.monotonic()
+        if how == "SIGSTOP":
+            parent.send("go")                   # read once it runs again
+        w = ylock.Lock(engines(url), group, "n")
+        taking = timed(w.lock, timeout=20)
+        assert taking.error is None, taking.error
+        taken = taking.started + taking.elapsed - stopped
+        assert 2.0 / 2 <= taken <= 2.0 * 1.5 + 1.0, f"the waiter got the lock {taken:.3f} s after the {how}"
+        w_record = journal.hold(w, "W", writes=2)
+        if how == "SIGSTOP":
+            os.kill(proc.pid, signal.SIGCONT)
+            assert parent.poll(30), "the resumed holder was never told it lost the lock"
+            kind, h_record = parent.recv()
+            assert h_record.outcome == "lost" and h_record.rejected >= 1, h_record
+        else:
+            h_record.ended = stopped            # it died inside
+        journal.add(h_record)
+    finally:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGCONT)
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    assert w_record.token > h_record.token
+    verdict = journal.check()
+    figures(f"ZooKeeper holder {how} (session 2 s): waiter in {taken:.3f} s; {verdict}")
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_fork_while_holding(zookeeper, engines, journal, group):
+    """A child forked while the parent holds does not inherit the hold: held() is False in
+    the child, and its lock() waits (on a session of its own) until the parent releases;
+    the parent's hold stays valid meanwhile."""
+    engine = engines(zookeeper.url(f"/{group}"))
+    lock = ylock.Lock(engine, group, "n")
+    lock.lock()
+    h_record = workers.write_inside(lock, "parent", journal.checkers, writes=1, release=False)
+    parent, child = fork.Pipe()
+    proc = fork.Process(target=workers.forked_child, args=(lock, journal.checkers, child))
+    proc.start()
+    try:
+        assert parent.poll(20)
+        _, held, token, lost, child_owner = parent.recv()
+        assert (held, token, lost) == (False, None, False) and child_owner != h_record.owner
+        wait_until(lambda: owners(engine, group, "n") == ((h_record.owner,), (f"write:{child_owner}",)),
+                   what="the child queued behind the parent")
+        assert lock.held() and not lock.lost
+        workers.write_once(h_record, journal.checkers)
+        h_record.ended = time.monotonic()
+        journal.add(workers.finish(lock, h_record))
+        assert h_record.outcome == "released", h_record
+        assert parent.poll(20), "the child never got the lock"
+        message = parent.recv()
+        assert message[0] == "record", message
+        _, c_record, asked = message
+        journal.add(c_record)
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    assert asked < h_record.ended < c_record.granted          # it asked, then waited for the parent
+    journal.check()
