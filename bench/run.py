@@ -74,6 +74,8 @@ class Bench:
         self.zk = ZooKeeperServer().start()
         self.client = redis.Redis.from_url(self.redis.url)
         self.results: dict[str, Any] = {"machine": machine(), "quick": quick, "runs": runs}
+        # the server this run started (the first redis-server on PATH may be another build)
+        self.results["machine"]["redis_server"] = f"Redis server v={self.client.info('server')['redis_version']}"
 
     def close(self) -> None:
         self.redis.stop()

@@ -1,0 +1,220 @@
+"""``python -m bench.tracing [--quick] [--runs N] [--out DIR]``: what ylock's OpenTelemetry
+traces (issue 19, :mod:`ylock.tracing`) cost an uncontended acquire+release, on the local
+engine and on a redis-server that it starts itself on a free loopback port. Each number
+is the median of ``--runs`` runs (5), with min and max; the cases are interleaved run by
+run and every ratio is to ``off`` of the same run. Writes ``results/tracing.json`` and
+``tracing.md``.
+
+- **off**: ``ylock.tracing`` never enabled in this run's first sample (``disable()`` after
+  that: the same path, the lock checks one module attribute).
+- **extra not installed**: the same loop in a child process in which ``opentelemetry``
+  cannot be imported (``sys.modules["opentelemetry"] = None``), beside the same child with
+  it importable (``off (child)``); its ratio is to that child, a process started the same
+  way (two processes differ by several per cent however alike they are). A third child
+  checks that ``import ylock`` and a lock pair import no ``opentelemetry`` module
+  (redis-py 8 imports it itself when it is installed, so the parent cannot tell).
+- **API only (no-op tracer)**: ``ylock.tracing.enable()`` with ``opentelemetry-api`` and no
+  SDK tracer provider configured: OpenTelemetry's global proxy hands out no-op spans.
+- **SDK, no span processor**: ``enable(TracerProvider())`` of ``opentelemetry-sdk``: real
+  spans, recorded and dropped at their end.
+- **SDK + in-memory exporter**: the same with a ``SimpleSpanProcessor`` exporting to an
+  ``InMemorySpanExporter`` (cleared after every sample); spans per pair counted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+import ylock
+import ylock.tracing
+from bench.run import machine, rate, stats
+from ylock.testing.redis import RedisServer
+
+HERE = Path(__file__).resolve().parent
+MODES = ["off", "off (child)", "extra not installed", "API only (no-op tracer)", "SDK, no span processor",
+         "SDK + in-memory exporter"]
+
+# The children: argv = mode ("blocked", "importable" or "imports"), engine URL, lock name,
+# seconds; print pairs/s (or, for "imports", whether a lock pair imported opentelemetry).
+_CHILD = """
+import sys, time
+mode = sys.argv[1]
+if mode == "blocked":
+    sys.modules["opentelemetry"] = None      # as if the otel extra were not installed
+import ylock
+lock = ylock.Lock(ylock.engine_from_url(sys.argv[2]), "bench", sys.argv[3])
+def op():
+    lock.lock()
+    lock.unlock()
+if mode == "imports":
+    op()
+    print(any(m == "opentelemetry" or m.startswith("opentelemetry.") for m in sys.modules))
+    sys.exit(0)
+from bench.run import rate
+ops = rate(op, float(sys.argv[4]))
+if mode == "blocked":
+    assert sys.modules["opentelemetry"] is None and not any(
+        m.startswith("opentelemetry.") for m in sys.modules), "something imported opentelemetry"
+print(ops)
+"""
+
+
+def _child(mode: str, url: str, name: str, seconds: float) -> str:
+    root = str(HERE.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", _CHILD, mode, url, name, str(seconds)], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=120 + seconds)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {mode} child failed:\n{done.stderr}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+class TracingBench:
+    def __init__(self, quick: bool, runs: int, seconds: float | None = None) -> None:
+        self.quick = quick
+        self.runs = runs
+        self.seconds = seconds or (0.3 if quick else 1.0)
+        self.redis = RedisServer().start()
+        self.client = redis.Redis.from_url(self.redis.url)
+        self.results: dict[str, Any] = {"machine": machine(), "quick": quick, "runs": runs,
+                                        "load_before": os.getloadavg()}
+        self.results["machine"]["redis_server"] = f"Redis server v={self.client.info('server')['redis_version']}"
+
+    def close(self) -> None:
+        self.results["load_after"] = os.getloadavg()
+        ylock.tracing.disable()
+        self.redis.stop()
+
+    def uncontended(self) -> None:
+        n = uuid.uuid4().hex[:8]
+        engines = {"local": "local://", "redis": self.redis.url}
+        ops: dict[str, Callable[[], None]] = {}
+        for where, url in engines.items():
+            lock = ylock.Lock(ylock.engine_from_url(url), "bench", f"t{where}{n}")
+
+            def op(lock: ylock.Lock = lock) -> None:
+                lock.lock()
+                lock.unlock()
+            ops[where] = op
+        trivial = self.client.register_script("return 1")
+        samples: dict[str, list[float]] = {"floor: Redis EVALSHA round trip": []}
+        samples.update({f"{where}: {mode}": [] for where in engines for mode in MODES})
+        spans_per_pair: list[float] = []
+        self.results["versions"] = {}
+        sdk: Any = None
+        for _ in range(self.runs):
+            samples["floor: Redis EVALSHA round trip"].append(rate(trivial, self.seconds))
+            for where, url in engines.items():
+                op = ops[where]
+                ylock.tracing.disable()
+                samples[f"{where}: off"].append(rate(op, self.seconds))
+                # The local engine lives in one process: each child gets its own.
+                samples[f"{where}: off (child)"].append(float(_child("importable", url, f"c{where}{n}",
+                                                                     self.seconds)))
+                samples[f"{where}: extra not installed"].append(float(_child("blocked", url, f"c{where}{n}",
+                                                                             self.seconds)))
+                if sdk is None:
+                    sdk = self._sdk()
+                ylock.tracing.enable()                      # the global proxy: no SDK provider configured
+                samples[f"{where}: API only (no-op tracer)"].append(rate(op, self.seconds))
+                ylock.tracing.enable(sdk["bare"])
+                samples[f"{where}: SDK, no span processor"].append(rate(op, self.seconds))
+                ylock.tracing.enable(sdk["memory"])
+                sdk["exporter"].clear()
+                for _ in range(200):
+                    op()
+                spans_per_pair.append(len(sdk["exporter"].get_finished_spans()) / 200)
+                samples[f"{where}: SDK + in-memory exporter"].append(rate(op, self.seconds))
+                sdk["exporter"].clear()
+                ylock.tracing.disable()
+        rows: dict[str, Any] = {name: stats(values) for name, values in samples.items()}
+        for where in engines:
+            for mode in MODES:
+                # "extra not installed" against the child like it, the others against "off"
+                base = f"{where}: off (child)" if mode == "extra not installed" else f"{where}: off"
+                row = rows[f"{where}: {mode}"]
+                row["vs"] = base.split(": ")[1]
+                row["vs_off"] = row["median"] / rows[base]["median"]
+                # the same ratio run by run (each run's samples taken back to back)
+                row["vs_off_per_run"] = stats([x / o for x, o in zip(samples[f"{where}: {mode}"], samples[base])])
+        self.results["uncontended"] = rows
+        self.results["spans_per_pair"] = max(spans_per_pair)
+        self.results["ylock_imports_opentelemetry_when_off"] = _child("imports", "local://", f"i{n}", 0) == "True"
+
+    def _sdk(self) -> dict[str, Any]:
+        from importlib.metadata import version
+
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        # No global provider may be set here: "API only" must get OpenTelemetry's no-op.
+        assert type(trace.get_tracer_provider()).__name__ == "ProxyTracerProvider", trace.get_tracer_provider()
+        exporter = InMemorySpanExporter()
+        memory = TracerProvider()
+        memory.add_span_processor(SimpleSpanProcessor(exporter))
+        self.results["versions"] = {"opentelemetry-api": version("opentelemetry-api"),
+                                    "opentelemetry-sdk": version("opentelemetry-sdk")}
+        return {"bare": TracerProvider(), "memory": memory, "exporter": exporter}
+
+
+def markdown(r: dict[str, Any]) -> str:
+    m = r["machine"]
+    v = r.get("versions", {})
+    lines = [f"Machine: {m['cpus']} cores, {m['cpu']}, Python {m['python']}, {m['redis_server']}, "
+             f"opentelemetry-api {v.get('opentelemetry-api')}, opentelemetry-sdk {v.get('opentelemetry-sdk')}; "
+             f"{m['when']}; medians of {r['runs']} runs" + (" (--quick)" if r["quick"] else "")
+             + f"; load average {r['load_before'][0]:.1f} before, {r.get('load_after', ['?'])[0]:.1f} after "
+             "(2 cores: other work was running).", "",
+             "**Tracing cost, uncontended lock+unlock, one thread** (pairs/s; `ratio` = median ÷ the median of "
+             "the case named in `to`, same engine, same run; `per run` = that ratio run by run, min-max)", "",
+             "| engine: tracing | median | min | max | ratio | to | per run |", "|---|---:|---:|---:|---:|---|---|"]
+    for name, row in r["uncontended"].items():
+        per = row.get("vs_off_per_run")
+        lines.append(f"| {name} | {row['median']:,.0f} | {row['min']:,.0f} | {row['max']:,.0f} | "
+                     + (f"{row['vs_off']:.3f} | {row['vs']} | {per['min']:.2f}-{per['max']:.2f} |" if per
+                        else "- | - | - |"))
+    lines += ["", f"A lock pair with tracing off imports OpenTelemetry: "
+              f"{'yes' if r['ylock_imports_opentelemetry_when_off'] else 'no'} (checked in a child process); "
+              f"spans per traced pair (in-memory exporter): {r['spans_per_pair']:.0f} (a wait span and a hold "
+              "span).", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m bench.tracing", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--runs", type=int, default=None, help="runs per number (default 5, quick 3)")
+    parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--seconds", type=float, default=None, help="seconds per sample")
+    args = parser.parse_args(argv)
+    bench = TracingBench(args.quick, args.runs or (3 if args.quick else 5), args.seconds)
+    try:
+        began = time.perf_counter()
+        bench.uncontended()
+        print(f"bench: uncontended done in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    finally:
+        bench.close()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tracing.json").write_text(json.dumps(bench.results, indent=2, default=str))
+    text = markdown(bench.results)
+    (out / "tracing.md").write_text(text + "\n")
+    print(text)
+    return bench.results
+
+
+if __name__ == "__main__":
+    main()
