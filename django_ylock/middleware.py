@@ -1,12 +1,16 @@
-"""A per-user lock around each request (read for safe methods, write for the others).
+"""A per-user lock around each request (read for safe methods, write for the others), or a
+per-user concurrency limit.
 
 Enable with ``"django_ylock.middleware.PerUserLockMiddleware"`` in MIDDLEWARE (after
 the session and authentication middleware) and ``YLOCK["USER_LOCK"]``::
 
     "USER_LOCK": {"LOCK": "users", "PATHS": ["/api/"], "EXCLUDE": ["/api/health"],
-                  "TIMEOUT": 5, "ANONYMOUS": "session"}   # or "skip"
+                  "TIMEOUT": 5, "ANONYMOUS": "session",   # or "skip"
+                  "PERMITS": 1}                           # N > 1: up to N requests at once
 
 Requests of one user are serialised (reads shared); different users run in parallel.
+With ``PERMITS`` N > 1, up to N requests of one user run at once (whatever their method),
+and one more waits up to ``TIMEOUT`` for a place, then gets 429.
 The settings are read once (again after a test changes them), not per request.
 """
 from __future__ import annotations
@@ -19,7 +23,6 @@ from django.http import HttpRequest, HttpResponse
 
 from django_ylock import conf
 from django_ylock.request_lock import RequestLock
-from ylock import web
 
 
 class PerUserLockMiddleware:
@@ -43,9 +46,7 @@ class PerUserLockMiddleware:
             return None
         built = self._built
         if built is None or built[0] is not config:     # built once per settings: one per mode
-            built = self._built = (config, {mode: RequestLock(settings.lock, key=None, mode=mode,
-                                                               timeout=settings.timeout, anonymous=settings.anonymous)
-                                            for mode in (web.READ, web.WRITE)})
+            built = self._built = (config, {mode: RequestLock(view) for mode, view in settings.views().items()})
         return built[1][settings.mode(request.method or "GET")]
 
     def __call__(self, request: HttpRequest) -> Any:

@@ -29,6 +29,18 @@ def locks(name: str) -> ylock.Locks:
     return registry().locks(name)
 
 
+def semaphore(name: str, permits: int | None = None) -> ylock.Semaphore:
+    """Return the named :class:`ylock.Semaphore` (``LOCKS[name]``: its GROUP and NAME, and
+    its PERMITS unless ``permits`` is given; one of the two is needed)."""
+    return registry().semaphore(name, permits)
+
+
+def semaphores(name: str, permits: int | None = None) -> ylock.Semaphores:
+    """Return the named :class:`ylock.Semaphores` family (one semaphore per key, each with
+    ``permits``, else the PERMITS of ``LOCKS[name]``)."""
+    return registry().semaphores(name, permits)
+
+
 def engine(alias: str = "default") -> ylock.Engine:
     """Return the named engine."""
     return registry().engine(alias)

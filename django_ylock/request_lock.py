@@ -1,7 +1,10 @@
-"""The one implementation behind ``@locked`` and ``PerUserLockMiddleware`` (as Django's
-``cache_page`` is built from ``CacheMiddleware``). What a locked request does is
-:mod:`ylock.web`'s (shared with Flask); this module translates: Django's request, user
-and session, its settings, ``JsonResponse`` answers, and the ``on_commit`` option.
+"""The one implementation behind ``@locked``, ``@limited`` and ``PerUserLockMiddleware`` (as
+Django's ``cache_page`` is built from ``CacheMiddleware``). What a locked or limited request
+does is :mod:`ylock.web`'s (shared with Flask); this module translates: Django's request,
+user and session, its settings, ``JsonResponse`` answers, and the ``on_commit`` option.
+
+Every hold taken while a request runs (its lock or permit, and the view's own lock calls)
+says what it is doing: the request's method and path (:func:`ylock.web.request_context`).
 
 The request is the owner: every lock taken for one request (by the middleware and by
 decorators) belongs to one owner id kept on the request, so they re-enter instead of
@@ -20,7 +23,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 import ylock
 from django_ylock import conf
 from ylock import web
-from ylock.engines.base import WRITE
+from ylock.engines.base import PERMIT, WRITE
 from ylock.owner import new_owner, owner_scope, run_as
 
 _pending = threading.local()  # releases deferred to on_commit, for the request_finished safety net
@@ -62,20 +65,25 @@ def answer(refusal: web.Refusal) -> HttpResponse:
     return response
 
 
-class RequestLock:
-    """Which lock a request takes, in which mode, for how long, and what to answer when it
-    cannot (see ``django_ylock.locked`` for the parameters); validated when built."""
+def request_context(request: HttpRequest) -> str:
+    """What the request's holds say it is doing: ``"POST /orders/7"`` (no query string)."""
+    return web.request_context(request.method or "GET", request.path)
 
-    def __init__(self, name: str, *, key: Any = None, mode: Any = WRITE, timeout: Any = ylock.DEFAULT,
-                 on_commit: bool = False, using: str | None = None, status: int | None = None,
-                 retry_after: int | None = None, on_locked: Callable[..., HttpResponse] | str | None = None,
-                 anonymous: str = "session") -> None:
-        self.view = web.LockedView(name, key=key, mode=mode, timeout=timeout, status=status,
-                                   retry_after=retry_after, anonymous=anonymous)
-        if key is not False:
-            config = conf.current()
-            if name not in config.registry.locks_settings:
-                web.check_family_name(name)
+
+class RequestLock:
+    """Which lock (or semaphore) a request takes, in which mode, for how long, and what to
+    answer when it cannot (see ``django_ylock.locked`` and ``limited`` for the parameters):
+    ``view`` is a :class:`ylock.web.LockedView` or :class:`ylock.web.LimitedView`, checked
+    against the settings here, when the decorator is applied."""
+
+    def __init__(self, view: web.RequestSpec, *, on_commit: bool = False, using: str | None = None,
+                 on_locked: Callable[..., HttpResponse] | str | None = None) -> None:
+        self.view = view
+        registry = conf.current().registry
+        if view.key is not False and view.name not in registry.locks_settings:
+            web.check_family_name(view.name)
+        if isinstance(view, web.LimitedView):
+            view.check(registry)
         self.on_commit = on_commit
         self.using = using
         self.on_locked = None if on_locked is None else \
@@ -83,22 +91,26 @@ class RequestLock:
 
     # -- choosing ---------------------------------------------------------------------
 
-    def lock_for(self, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ylock.Lock | None:
-        """Return the lock this request takes, or None (an anonymous user, when skipped)."""
-        registry = conf.current().registry
+    def lock_for(self, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]) -> web.Target | None:
+        """Return the lock (or semaphore) this request takes, or None (an anonymous user,
+        when skipped)."""
         name = self.view.key_value(kwargs, lambda: self.view.key(request, *args, **kwargs),  # type: ignore[operator]
                                    lambda: user_key(request, self.view.anonymous))
         if name is None:
             return None
-        if name == "":
-            return registry.lock(self.view.name)
-        return registry.locks(self.view.name)[name]
+        return self.view.target(conf.current().registry, name)
 
     # -- answering ----------------------------------------------------------------------
 
-    def _enter(self, request: HttpRequest, lock: ylock.Lock, mode: str) -> HttpResponse | None:
+    def _on_locked(self, config: conf.Config, mode: str) -> Callable[..., HttpResponse] | None:
+        """The handler answering instead of a 423 (a refused permit is always a 429)."""
+        if mode == PERMIT:
+            return None
+        return self.on_locked or config.web.on_locked  # type: ignore[no-any-return]
+
+    def _enter(self, request: HttpRequest, lock: web.Target, mode: str) -> HttpResponse | None:
         config = conf.current()
-        on_locked = self.on_locked or config.web.on_locked
+        on_locked = self._on_locked(config, mode)
         outcome = web.enter(lock, mode, self.view.timeout_for(config.registry), config.web,
                             retry=self.view.retry_after, status=self.view.status, custom=on_locked is not None)
         if isinstance(outcome, ylock.LockTimeout):
@@ -107,7 +119,7 @@ class RequestLock:
 
     # -- holding ----------------------------------------------------------------------------
 
-    def _release_later(self, owner: str, lock: ylock.Lock, mode: str) -> None:
+    def _release_later(self, owner: str, lock: web.Target, mode: str) -> None:
         """Release now, or when the surrounding transaction commits (on_commit=True)."""
         if not (self.on_commit and mode == WRITE and transaction.get_connection(self.using).in_atomic_block):
             run_as(owner, web.leave, lock, mode)
@@ -127,6 +139,11 @@ class RequestLock:
     def run(self, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any],
             call: Callable[[], HttpResponse]) -> HttpResponse:
         """Call ``call()`` holding the request's lock (sync views and middleware)."""
+        with ylock.context(request_context(request)):
+            return self._run(request, args, kwargs, call)
+
+    def _run(self, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any],
+             call: Callable[[], HttpResponse]) -> HttpResponse:
         lock = self.lock_for(request, args, kwargs)
         if lock is None:
             return call()
@@ -153,13 +170,18 @@ class RequestLock:
         """Await ``call()`` holding the request's lock. Waiting costs no thread; if the
         request is cancelled (the client went away: Django cancels the view), the wait
         leaves the queue, or the lock is released, and nothing stays held."""
+        with ylock.context(request_context(request)):
+            return await self._arun(request, args, kwargs, call)
+
+    async def _arun(self, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    call: Callable[[], Awaitable[HttpResponse]]) -> HttpResponse:
         lock = await self.alock_for(request, args, kwargs)
         if lock is None:
             return await call()
         mode, owner = self.view.mode_for(request), request_owner(request)
         with owner_scope(owner):   # the view's own lock calls act as the request's owner
             config = conf.current()
-            on_locked = self.on_locked or config.web.on_locked
+            on_locked = self._on_locked(config, mode)
             outcome = await web.aenter(lock, mode, self.view.timeout_for(config.registry), config.web,
                                        retry=self.view.retry_after, status=self.view.status,
                                        custom=on_locked is not None)
@@ -173,7 +195,7 @@ class RequestLock:
                 await web.aleave(lock, mode)
 
     async def alock_for(self, request: HttpRequest, args: tuple[Any, ...],
-                        kwargs: dict[str, Any]) -> ylock.Lock | None:
+                        kwargs: dict[str, Any]) -> web.Target | None:
         """:meth:`lock_for` in an async view: the session is read and written through
         Django's async session API (a database session must not be touched from the loop)."""
         if self.view.key is None and not getattr(getattr(request, "user", None), "is_authenticated", False):

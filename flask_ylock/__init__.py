@@ -15,8 +15,13 @@
     @ylock.locked("accounts", key="account_id", timeout=1)   # 423 + Retry-After when busy
     def withdraw(account_id): ...
 
+    @bp.post("/exports")
+    @ylock.limited("exports", permits=3)                   # 3 per user at once, 429 beyond
+    def export(): ...
+
     with ylock.lock("orders").write(timeout=5): ...
     ylock.locks("users").lock("user-42")
+    with ylock.semaphores("tenants")["tenant-7"].hold(timeout=5): ...
 
 ``flask ylock list|inspect|release|stats`` inspects locks; :mod:`flask_ylock.signals`
 re-emits lock events as blinker signals; ``YLOCK_METRICS`` configures the exporters.

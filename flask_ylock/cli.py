@@ -9,10 +9,13 @@ deployment's stats, run a command while holding a named lock.
 
 Every verb is :mod:`ylock.cli`'s (the ``ylock`` script's): this module only turns the app's
 ``YLOCK_*`` config into engines and named locks, so it prints what ``ylock`` and
-``manage.py ylock`` print, and exits with the same codes.
+``manage.py ylock`` print, and exits with the same codes. The hold of ``run`` says what it
+is doing (``ylock list``): ``"flask ylock run backup.sh"``, the command's name without its
+arguments (they may hold secrets).
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
@@ -48,9 +51,11 @@ def _execute(action: str, **options: Any) -> None:
         return (alias, lock.engine), lock
 
     console = cli.Console(lambda text: click.echo(text, nl=False))
+    command = options.get("command") or [""]
     try:
-        code = cli.execute(action, options, console, named_lock=named_lock,
-                           targets=lambda alias: cli.targets_of(registry.aliases(), registry.engine, alias))
+        with ylock.context(f"flask ylock {action} {os.path.basename(command[0])}".rstrip()):
+            code = cli.execute(action, options, console, named_lock=named_lock,
+                               targets=lambda alias: cli.targets_of(registry.aliases(), registry.engine, alias))
     except cli.CommandFailed as exc:
         error = click.ClickException(str(exc))
         error.exit_code = exc.code

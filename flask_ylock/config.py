@@ -7,9 +7,11 @@
 ``YLOCK_ENGINES``           ``{"default": {"URL": ...} | {"ENGINE": "dotted.Path", "OPTIONS": {...}}}``
 ``YLOCK_LOCKS``             ``{"orders": {"ENGINE": "default", "GROUP": "orders", "FAIR": True,
                             "LEASE": 30, "TIMEOUT": None}}``; a name not listed gets these defaults,
-                            its group being its name
+                            its group being its name; ``"PERMITS": N`` makes the name a semaphore
+                            family too (``.semaphore(name)``, ``.semaphores(name)``, ``@limited``)
 ``YLOCK_METRICS``           see :mod:`ylock.metrics` (``INFLUXDB``, ``PROMETHEUS``, ``EXPORTERS``...)
-``YLOCK_USER_LOCK``         per-user lock around requests (see :data:`ylock.web.USER_LOCK_DEFAULTS`);
+``YLOCK_USER_LOCK``         per-user lock around requests (see :data:`ylock.web.USER_LOCK_DEFAULTS`;
+                            ``"PERMITS": N`` > 1: up to N requests per user at once, 429 beyond);
                             ``None`` (default) turns it off
 ``YLOCK_LOCKED_STATUS``     status of the answer when a request cannot get its lock (default 423)
 ``YLOCK_RETRY_AFTER``       ``Retry-After`` seconds on that answer (default: the timeout, at least 1)

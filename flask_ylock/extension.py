@@ -7,7 +7,8 @@ Django); this module translates Flask's request, user, session and config into i
 
 The request is the owner: the per-user hook and the view's decorators take their locks
 as one owner id kept in ``g``, so they re-enter instead of waiting for each other,
-whether the view is sync or async.
+whether the view is sync or async. Every hold taken for a request says what it is doing:
+its method and path (:func:`ylock.web.request_context`).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from flask_ylock import signals
 from flask_ylock.cli import ylock_cli
 from flask_ylock.config import settings_from_app, web_settings_from_app, where
 from ylock import events, web
-from ylock.engines.base import WRITE
+from ylock.engines.base import PERMIT, WRITE
 from ylock.owner import new_owner, owner_scope, run_as
 from ylock.registry import TOP_KEYS, Registry
 
@@ -51,9 +52,7 @@ class State:
         self.secret = app.secret_key
         ylock.metrics.validate(self.settings["METRICS"], setting=where("METRICS"))
         self.metrics = ylock.metrics.configure(self.settings["METRICS"], setting=where("METRICS"))
-        self.user_locks = None if self.web.user_lock is None else {
-            mode: web.LockedView(self.web.user_lock.lock, key=None, mode=mode, timeout=self.web.user_lock.timeout,
-                                 anonymous=self.web.user_lock.anonymous) for mode in (web.READ, web.WRITE)}
+        self.user_locks = None if self.web.user_lock is None else self.web.user_lock.views()
 
 
 def in_config_terms(exc: ylock.ConfigurationError, app: Flask) -> ylock.ConfigurationError:
@@ -71,6 +70,9 @@ class YLock:
     """Distributed read-write locks for a Flask app (see the package docstring)."""
 
     def __init__(self, app: Flask | None = None) -> None:
+        # What the @limited views of this extension ask of the settings, checked by init_app
+        # (declarations, not per-app state: they hold no engine and no lock).
+        self._limited: list[web.LimitedView] = []
         if app is not None:
             self.init_app(app)
 
@@ -79,6 +81,11 @@ class YLock:
         if "ylock" in app.extensions:
             raise RuntimeError(f"ylock is already initialised on app {app.name!r}; call init_app once per app")
         state = State(app)
+        for spec in self._limited:
+            try:
+                spec.check(state.registry)
+            except ylock.ConfigurationError as exc:
+                raise in_config_terms(exc, app) from exc
         app.extensions["ylock"] = state
         events.subscribe(signals.relay)
         app.before_request(self._before_request)
@@ -109,6 +116,16 @@ class YLock:
         """Return the named :class:`ylock.Locks` family of the current app."""
         return state().registry.locks(name)
 
+    def semaphore(self, name: str, permits: int | None = None) -> ylock.Semaphore:
+        """Return the named :class:`ylock.Semaphore` of the current app (``YLOCK_LOCKS[name]``:
+        its GROUP and NAME, and its PERMITS unless ``permits`` is given)."""
+        return state().registry.semaphore(name, permits)
+
+    def semaphores(self, name: str, permits: int | None = None) -> ylock.Semaphores:
+        """Return the named :class:`ylock.Semaphores` family of the current app (one semaphore
+        per key, each with ``permits``, else the PERMITS of ``YLOCK_LOCKS[name]``)."""
+        return state().registry.semaphores(name, permits)
+
     def engine(self, alias: str = "default") -> ylock.Engine:
         """Return the current app's engine ``alias``."""
         return state().registry.engine(alias)
@@ -133,42 +150,32 @@ class YLock:
                                    retry_after=retry_after, anonymous=anonymous)
         if key is not False:
             web.check_family_name(name)
+        return functools.partial(_decorate, view_spec)
 
-        def decorate(view: F) -> F:
-            if inspect.iscoroutinefunction(view):
-                @functools.wraps(view)
-                async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                    target, held_mode, wait = _target(view_spec, kwargs)
-                    if target is None:
-                        return await view(*args, **kwargs)
-                    with owner_scope(request_owner()):
-                        st = state()
-                        outcome = await web.aenter(target, held_mode, wait, st.web, retry=view_spec.retry_after,
-                                                   status=view_spec.status, custom=st.web.on_locked is not None)
-                        refused = _answer_for(outcome, st)
-                        if refused is not None:
-                            return refused
-                        try:
-                            return await view(*args, **kwargs)
-                        finally:
-                            await web.aleave(target, held_mode)
-                return async_wrapper  # type: ignore[return-value]
+    def limited(self, name: str, permits: int | None = None, key: str | Callable[..., object] | None | bool = None,
+                timeout: float | None = 0, status: int | None = None, retry_after: int | None = None,
+                anonymous: str = "session") -> Callable[[F], F]:
+        """Let at most ``permits`` requests per key run a view at once; answer the others 429
+        Too Many Requests with ``Retry-After``.
 
-            @functools.wraps(view)
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                target, held_mode, wait = _target(view_spec, kwargs)
-                if target is None:
-                    return view(*args, **kwargs)
-                with owner_scope(request_owner()):
-                    refused = _enter(target, held_mode, wait, view_spec)
-                    if refused is not None:
-                        return refused
-                    try:
-                        return view(*args, **kwargs)
-                    finally:
-                        web.leave(target, held_mode)
-            return wrapper  # type: ignore[return-value]
-        return decorate
+        Each key has a semaphore of the ``name`` family, shared by every process and machine
+        on the engine. ``key`` as for :meth:`locked`: a URL variable name, a callable taking
+        the view's keyword arguments, None for the current user (the default) or False (one
+        semaphore for the whole view). ``permits``: default the PERMITS of
+        ``YLOCK_LOCKS[name]`` (``init_app`` raises if neither says). ``timeout``: seconds to
+        wait for a permit (default 0: answer at once; None: forever). ``status`` and
+        ``retry_after`` replace 429 and the Retry-After seconds (default: YLOCK_RETRY_AFTER,
+        else the timeout, at least 1). An unreachable engine answers 503. The permit is
+        given back however the view ends. Works on sync and async views.
+        """
+        view_spec = web.LimitedView(name, permits=permits, key=key, timeout=timeout, status=status,
+                                    retry_after=retry_after, anonymous=anonymous)
+        if key is not False:
+            web.check_family_name(name)
+        self._limited.append(view_spec)
+        if has_app_context() and "ylock" in current_app.extensions:
+            view_spec.check(state().registry)       # decorated after init_app: check now
+        return functools.partial(_decorate, view_spec)
 
     # -- per-user locking around requests ---------------------------------------------------
 
@@ -183,7 +190,8 @@ class YLock:
         target, mode, wait = _target(view_spec, {})
         if target is None:
             return None
-        refused = run_as(request_owner(), _enter, target, mode, wait, view_spec)
+        with ylock.context(web.request_context(request.method, request.path)):
+            refused = run_as(request_owner(), _enter, target, mode, wait, view_spec)
         if refused is None:
             g._ylock_user_hold = (target, mode)
         return refused  # type: ignore[return-value]
@@ -238,20 +246,63 @@ def current_user_key(anonymous: str = "session") -> str | None:
     return web.session_name(visitor, secret)
 
 
-def _target(spec: web.LockedView, view_kwargs: dict[str, Any]) -> tuple[ylock.Lock | None, str, float | None]:
+def _decorate(spec: web.RequestSpec, view: F) -> F:
+    """Wrap ``view`` (sync or async) to hold what ``spec`` asks for around each call."""
+    if inspect.iscoroutinefunction(view):
+        @functools.wraps(view)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            with ylock.context(web.request_context(request.method, request.path)):
+                target, held_mode, wait = _target(spec, kwargs)
+                if target is None:
+                    return await view(*args, **kwargs)
+                with owner_scope(request_owner()):
+                    st = state()
+                    outcome = await web.aenter(target, held_mode, wait, st.web, retry=spec.retry_after,
+                                               status=spec.status, custom=_custom(st, held_mode))
+                    refused = _answer_for(outcome, st)
+                    if refused is not None:
+                        return refused
+                    try:
+                        return await view(*args, **kwargs)
+                    finally:
+                        await web.aleave(target, held_mode)
+        return async_wrapper  # type: ignore[return-value]
+
+    @functools.wraps(view)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with ylock.context(web.request_context(request.method, request.path)):
+            target, held_mode, wait = _target(spec, kwargs)
+            if target is None:
+                return view(*args, **kwargs)
+            with owner_scope(request_owner()):
+                refused = _enter(target, held_mode, wait, spec)
+                if refused is not None:
+                    return refused
+                try:
+                    return view(*args, **kwargs)
+                finally:
+                    web.leave(target, held_mode)
+    return wrapper  # type: ignore[return-value]
+
+
+def _target(spec: web.RequestSpec, view_kwargs: dict[str, Any]) -> tuple[web.Target | None, str, float | None]:
     registry = state().registry
     name = spec.key_value(view_kwargs, lambda: spec.key(**view_kwargs),  # type: ignore[operator]
                           lambda: current_user_key(spec.anonymous))
     if name is None:
         return None, WRITE, None
-    target = registry.lock(spec.name) if name == "" else registry.locks(spec.name)[name]
-    return target, spec.mode_for(request), spec.timeout_for(registry)
+    return spec.target(registry, name), spec.mode_for(request), spec.timeout_for(registry)
 
 
-def _enter(lock: ylock.Lock, mode: str, timeout: float | None, spec: web.LockedView) -> Response | None:
+def _custom(st: State, mode: str) -> bool:
+    """Whether YLOCK_ON_LOCKED answers a busy lock (never a refused permit: always 429)."""
+    return st.web.on_locked is not None and mode != PERMIT
+
+
+def _enter(lock: web.Target, mode: str, timeout: float | None, spec: web.RequestSpec) -> Response | None:
     st = state()
     return _answer_for(web.enter(lock, mode, timeout, st.web, retry=spec.retry_after, status=spec.status,
-                                 custom=st.web.on_locked is not None), st)
+                                 custom=_custom(st, mode)), st)
 
 
 def _answer_for(outcome: web.Refusal | ylock.LockTimeout | None, st: State) -> Response | None:

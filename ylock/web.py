@@ -11,9 +11,16 @@ objects and settings into these calls, so both answer the same requests the same
 - **How long.** A request waits for its lock up to the decorator's ``timeout``, else the
   lock's ``TIMEOUT`` setting, else :data:`DEFAULT_TIMEOUT` seconds: a web worker must
   not wait forever unless told to (``timeout=None``).
+- **How many.** ``@limited`` views (and the per-user lock with ``PERMITS`` > 1) take a
+  permit of a semaphore instead of a lock: at most N requests per key in flight at once,
+  across every process and machine on the engine.
 - **The answers.** A lock that cannot be had in time answers 423 Locked (configurable)
-  with ``Retry-After`` and a JSON body; an unreachable engine answers 503 with a body
-  that does not disclose the engine's address (that goes to the log).
+  with ``Retry-After`` and a JSON body; a request over its concurrency limit answers 429
+  Too Many Requests with the same headers and body shape; an unreachable engine answers
+  503 with a body that does not disclose the engine's address (that goes to the log).
+- **What it is doing.** Every hold taken for a request says so (:func:`request_context`:
+  ``"POST /orders/7"``, never the query string nor anything of the user or session), as
+  ``engine.describe()``, ``ylock list`` and the admin page show it.
 - **The quiet release.** Once the view has run, a lost lease or an unreachable engine at
   release is logged, not turned into an error page: the view's answer stands.
 """
@@ -27,19 +34,21 @@ import math
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Union
 from urllib.parse import quote
 
 from ylock import options as opt
-from ylock.engines.base import READ, WRITE
-from ylock.errors import EngineUnavailable, LockLost, LockTimeout
-from ylock.lock import DEFAULT, Lock
+from ylock.engines.base import PERMIT, READ, WRITE
+from ylock.errors import ConfigurationError, EngineUnavailable, LockLost, LockTimeout
+from ylock.lock import DEFAULT, Lock, Semaphore
 from ylock.names import MAX_NAME_LENGTH, check_group, check_name
 
 logger = logging.getLogger(__name__)
 
 #: Seconds a request waits for its lock when neither the view nor the lock's settings say.
 DEFAULT_TIMEOUT = 5.0
+#: Status of the answer to a request over its concurrency limit (``@limited``, ``PERMITS``).
+LIMITED_STATUS = 429
 #: Methods that take the read lock under the per-user lock.
 READ_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
 #: Retry-After of a 503 answer.
@@ -61,7 +70,13 @@ USER_LOCK_DEFAULTS: dict[str, Any] = {
     "TIMEOUT": DEFAULT_TIMEOUT,
     "ANONYMOUS": "session",  # "session": key anonymous visitors by session; "skip": no lock
     "READ_METHODS": list(READ_METHODS),
+    "PERMITS": 1,            # requests of one user in flight at once: 1 is the read/write lock,
+                             # N > 1 a semaphore of N permits per user (429 beyond)
 }
+
+#: What a request holds: a lock (``@locked``, the per-user lock) or a semaphore's permit
+#: (``@limited``, the per-user lock with PERMITS > 1).
+Target = Union[Lock, Semaphore]
 
 
 # -- settings ---------------------------------------------------------------------------------
@@ -77,13 +92,26 @@ class UserLock:
     timeout: float | None
     anonymous: str
     read_methods: frozenset[str]
+    permits: int = 1
 
     def covers(self, path: str) -> bool:
         """Return True if a request for ``path`` takes the user's lock."""
         return not path.startswith(self.exclude) and path.startswith(self.paths)
 
     def mode(self, method: str) -> str:
+        """The mode a request of ``method`` holds: read or write, or a permit (PERMITS > 1)."""
+        if self.permits > 1:
+            return PERMIT
         return READ if method in self.read_methods else WRITE
+
+    def views(self) -> dict[str, LockedView | LimitedView]:
+        """What a request of each :meth:`mode` asks for (build once per settings): the read
+        and write lock of the user, or (PERMITS > 1) a permit of the user's semaphore."""
+        if self.permits > 1:
+            return {PERMIT: LimitedView(self.lock, permits=self.permits, key=None, timeout=self.timeout,
+                                        anonymous=self.anonymous, decorator="USER_LOCK")}
+        return {mode: LockedView(self.lock, key=None, mode=mode, timeout=self.timeout, anonymous=self.anonymous,
+                                 decorator="USER_LOCK") for mode in (READ, WRITE)}
 
 
 @dataclass(frozen=True)
@@ -131,7 +159,9 @@ def user_lock_settings(value: Any, where: str) -> UserLock | None:
         timeout=opt.timeout(conf["TIMEOUT"], check % "TIMEOUT", code=opt.E_USER_LOCK),
         anonymous=opt.choice(conf["ANONYMOUS"], check % "ANONYMOUS", ("session", "skip"), code=opt.E_USER_LOCK),
         read_methods=frozenset(m.upper() for m in opt.strings(conf["READ_METHODS"], check % "READ_METHODS",
-                                                               code=opt.E_USER_LOCK)))
+                                                               code=opt.E_USER_LOCK)),
+        permits=opt.number(conf["PERMITS"], check % "PERMITS", minimum=1, maximum=1_000_000, integer=True,
+                           code=opt.E_USER_LOCK))
 
 
 # -- lock names ---------------------------------------------------------------------------------
@@ -187,13 +217,29 @@ def busy(lock: Lock, mode: str, retry_after: int, status: int = 423) -> Refusal:
     return Refusal(status, REASONS.get(status, "Locked"), body, {"Retry-After": str(retry_after)})
 
 
-def unavailable(lock: Lock, exc: Exception) -> Refusal:
+def limited(semaphore: Semaphore, retry_after: int, status: int = LIMITED_STATUS) -> Refusal:
+    """The answer to a request over its concurrency limit (429 Too Many Requests unless
+    configured): the body has the shape of :func:`busy`'s."""
+    name = f"{semaphore.group}/{semaphore.name}"
+    body = {"error": "limited", "lock": name, "retry_after": retry_after,
+            "detail": f"all {semaphore.permits} permits of {name} are taken; retry later"}
+    return Refusal(status, REASONS.get(status, "Too Many Requests"), body, {"Retry-After": str(retry_after)})
+
+
+def unavailable(lock: Target, exc: Exception) -> Refusal:
     """The answer to a request whose lock's engine cannot be reached (503); the engine's
     address and the error go to the log, not to the client."""
     logger.error("ylock: engine unavailable for %s/%s: %s", lock.group, lock.name, exc)
     body = {"error": "lock engine unavailable", "lock": f"{lock.group}/{lock.name}",
             "retry_after": UNAVAILABLE_RETRY, "detail": "the lock service is unavailable; retry later"}
     return Refusal(503, REASONS[503], body, {"Retry-After": str(UNAVAILABLE_RETRY)})
+
+
+def request_context(method: str, path: str) -> str:
+    """What the holds of a request say it is doing: ``"GET /orders/7"``. The query string
+    is cut off (it may hold tokens), and nothing of the user or session is added; the core
+    bounds the length (:data:`ylock.owner.MAX_CONTEXT`)."""
+    return f"{method} {path.partition('?')[0]}"
 
 
 def retry_after(timeout: float | None, configured: int | None) -> int:
@@ -206,30 +252,36 @@ def retry_after(timeout: float | None, configured: int | None) -> int:
 # -- holding ----------------------------------------------------------------------------------
 
 
-class LockedView:
-    """What ``@locked(name, key=..., mode=..., timeout=...)`` asks for, validated once when
-    the decorator is applied; :meth:`lock_for` picks the request's lock and
-    :meth:`timeout_for` its wait. A name that can never be a lock fails here, not per request."""
+class RequestSpec:
+    """What a decorated view (or the per-user lock) asks for, validated once when the
+    decorator is applied: which family (``name``), which member per request (``key``), how
+    long to wait and what to answer. A name that can never be a lock fails here, not per
+    request. :class:`LockedView` holds a lock, :class:`LimitedView` a semaphore's permit."""
 
-    def __init__(self, name: str, *, key: Any = None, mode: Any = WRITE, timeout: Any = DEFAULT,
-                 status: int | None = None, retry_after: int | None = None, anonymous: str = "session") -> None:
+    #: How the user wrote it, for messages ("@locked", "@limited", "USER_LOCK").
+    decorator = "@locked"
+    #: What a request holds of the family, for messages.
+    kind = "lock"
+
+    def __init__(self, name: str, *, key: Any = None, timeout: Any = DEFAULT, status: int | None = None,
+                 retry_after: int | None = None, anonymous: str = "session", decorator: str | None = None) -> None:
+        if decorator is not None:
+            self.decorator = decorator
+        at = self.decorator
         try:
             self.name = check_name(name)
-        except ValueError as exc:
-            raise opt.fail("@locked name", f"{name!r} is not a valid lock name: {exc}", opt.E_LOCK_OPTION) from exc
-        if not callable(mode):
-            opt.choice(mode, "@locked mode", (READ, WRITE))
+        except (TypeError, ValueError) as exc:
+            raise opt.fail(f"{at} name", f"{name!r} is not a valid lock name: {exc}", opt.E_LOCK_OPTION) from exc
         if not (key is None or key is False or isinstance(key, str) or callable(key)):
-            raise opt.fail("@locked key", f"must be a URL argument name, a callable, None (the user) or False "
-                           f"(the named lock itself), got {key!r}", opt.E_LOCK_OPTION)
+            raise opt.fail(f"{at} key", f"must be a URL argument name, a callable, None (the user) or False "
+                           f"(the named {self.kind} itself), got {key!r}", opt.E_LOCK_OPTION)
         self.key = key
-        self.mode = mode
-        self.timeout = timeout if timeout is DEFAULT else opt.timeout(timeout, "@locked timeout")
-        self.status = None if status is None else opt.number(status, "@locked status", minimum=400, maximum=599,
+        self.timeout = timeout if timeout is DEFAULT else opt.timeout(timeout, f"{at} timeout")
+        self.status = None if status is None else opt.number(status, f"{at} status", minimum=400, maximum=599,
                                                               integer=True)
-        self.retry_after = None if retry_after is None else opt.number(retry_after, "@locked retry_after",
+        self.retry_after = None if retry_after is None else opt.number(retry_after, f"{at} retry_after",
                                                                        minimum=0, integer=True)
-        self.anonymous = opt.choice(anonymous, "@locked anonymous", ("session", "skip"))
+        self.anonymous = opt.choice(anonymous, f"{at} anonymous", ("session", "skip"))
 
     def key_value(self, kwargs: Mapping[str, Any], call: Callable[[], object], user: Callable[[], str | None]) -> \
             str | None:
@@ -243,15 +295,19 @@ class LockedView:
             return user()
         if isinstance(self.key, str):
             if self.key not in kwargs:
-                raise opt.fail(f"@locked({self.name!r}, key={self.key!r}):", f"the view got no URL argument "
+                raise opt.fail(f"{self.decorator}({self.name!r}, key={self.key!r}):", f"the view got no URL argument "
                                f"{self.key!r} (it got {sorted(kwargs)})", opt.E_LOCK_OPTION)
             return key_name(kwargs[self.key])
         value = call()
         return None if value is None else key_name(value)
 
     def mode_for(self, request: object) -> str:
-        mode = self.mode(request) if callable(self.mode) else self.mode
-        return str(opt.choice(mode, "@locked mode callable's result", (READ, WRITE)))
+        """The mode the request holds its target in."""
+        raise NotImplementedError
+
+    def target(self, registry: Any, key: str) -> Target:
+        """The request's lock or semaphore, for ``key`` from :meth:`key_value` (not None)."""
+        raise NotImplementedError
 
     def timeout_for(self, registry: Any) -> float | None:
         """The wait: the decorator's timeout, else the lock's TIMEOUT setting, else the default."""
@@ -259,6 +315,65 @@ class LockedView:
             return self.timeout
         options = registry.lock_options(self.name)
         return options.timeout if options.timeout_set else DEFAULT_TIMEOUT
+
+
+class LockedView(RequestSpec):
+    """What ``@locked(name, key=..., mode=..., timeout=...)`` asks for (see :class:`RequestSpec`)."""
+
+    def __init__(self, name: str, *, key: Any = None, mode: Any = WRITE, timeout: Any = DEFAULT,
+                 status: int | None = None, retry_after: int | None = None, anonymous: str = "session",
+                 decorator: str | None = None) -> None:
+        super().__init__(name, key=key, timeout=timeout, status=status, retry_after=retry_after,
+                         anonymous=anonymous, decorator=decorator)
+        if not callable(mode):
+            opt.choice(mode, f"{self.decorator} mode", (READ, WRITE))
+        self.mode = mode
+
+    def mode_for(self, request: object) -> str:
+        mode = self.mode(request) if callable(self.mode) else self.mode
+        return str(opt.choice(mode, f"{self.decorator} mode callable's result", (READ, WRITE)))
+
+    def target(self, registry: Any, key: str) -> Lock:
+        return registry.lock(self.name) if key == "" else registry.locks(self.name)[key]  # type: ignore[no-any-return]
+
+
+class LimitedView(RequestSpec):
+    """What ``@limited(name, permits=..., key=..., timeout=0)`` asks for: a permit of the
+    ``name`` family's semaphore for the request's key (``key=False``: of the named
+    semaphore itself), so that at most ``permits`` requests per key are in flight. Without
+    ``permits``, the PERMITS of ``name`` in the LOCKS setting (:meth:`check` says when there
+    is none). ``timeout``: seconds to wait for a permit (default 0: answer 429 at once)."""
+
+    decorator = "@limited"
+    kind = "semaphore"
+
+    def __init__(self, name: str, *, permits: int | None = None, key: Any = None, timeout: Any = 0.0,
+                 status: int | None = None, retry_after: int | None = None, anonymous: str = "session",
+                 decorator: str | None = None) -> None:
+        super().__init__(name, key=key, timeout=timeout, status=status, retry_after=retry_after,
+                         anonymous=anonymous, decorator=decorator)
+        self.permits = None if permits is None else opt.number(permits, f"{self.decorator} permits", minimum=1,
+                                                               maximum=1_000_000, integer=True)
+
+    def check(self, registry: Any) -> None:
+        """Raise ConfigurationError unless the permits are known: given, or the PERMITS of
+        ``name`` in the settings (which are validated there)."""
+        try:
+            options = registry.lock_options(self.name)
+        except ConfigurationError:
+            return              # a problem of the settings themselves: their own check names it
+        if self.permits is None and options.permits is None:
+            raise opt.fail(f"{self.decorator}({self.name!r})", f"needs permits=N, or PERMITS in "
+                           f"{registry.where}['LOCKS'][{self.name!r}]", opt.E_LOCK_OPTION,
+                           f"e.g. {registry.where}['LOCKS'] = {{{self.name!r}: {{'PERMITS': 3}}}}")
+
+    def mode_for(self, request: object) -> str:
+        return PERMIT
+
+    def target(self, registry: Any, key: str) -> Semaphore:
+        if key == "":
+            return registry.semaphore(self.name, self.permits)  # type: ignore[no-any-return]
+        return registry.semaphores(self.name, self.permits)[key]  # type: ignore[no-any-return]
 
 
 def check_family_name(name: str) -> None:
@@ -270,24 +385,32 @@ def check_family_name(name: str) -> None:
                        "setting", opt.E_LOCK_OPTION) from exc
 
 
-def enter(lock: Lock, mode: str, timeout: float | None, settings: WebSettings, *, retry: int | None = None,
+def enter(lock: Target, mode: str, timeout: float | None, settings: WebSettings, *, retry: int | None = None,
           status: int | None = None, custom: bool = False) -> Refusal | LockTimeout | None:
-    """Acquire for a request; return None (go on) or the Refusal to answer (busy: 423 or
-    ``status``; unreachable engine: 503). With ``custom`` (an ON_LOCKED handler answers
-    instead), a busy lock returns the LockTimeout for the handler."""
+    """Acquire for a request (``mode`` "write" or "read"; a semaphore's permit); return
+    None (go on) or the Refusal to answer (a busy lock: 423 or ``status``; no permit left:
+    429 or ``status``; an unreachable engine: 503). With ``custom`` (an ON_LOCKED handler
+    answers instead), a busy lock returns the LockTimeout for the handler."""
     try:
-        got = lock.try_lock(timeout) if mode == WRITE else lock.try_rlock(timeout)
+        if isinstance(lock, Semaphore):
+            got = lock.try_acquire(timeout)
+        else:
+            got = lock.try_lock(timeout) if mode == WRITE else lock.try_rlock(timeout)
     except EngineUnavailable as exc:
         return unavailable(lock, exc)
     return None if got else _refusal(lock, mode, timeout, settings, retry, status, custom)
 
 
-async def aenter(lock: Lock, mode: str, timeout: float | None, settings: WebSettings, *, retry: int | None = None,
-                 status: int | None = None, custom: bool = False) -> Refusal | LockTimeout | None:
+async def aenter(lock: Target, mode: str, timeout: float | None, settings: WebSettings, *,
+                 retry: int | None = None, status: int | None = None,
+                 custom: bool = False) -> Refusal | LockTimeout | None:
     """:func:`enter` for async views: waits without a thread; a cancelled request (the client
     went away) leaves the queue and holds nothing, and its view never runs."""
     try:
-        got = await (lock.atry_lock(timeout) if mode == WRITE else lock.atry_rlock(timeout))
+        if isinstance(lock, Semaphore):
+            got = await lock.atry_acquire(timeout)
+        else:
+            got = await (lock.atry_lock(timeout) if mode == WRITE else lock.atry_rlock(timeout))
     except EngineUnavailable as exc:
         return unavailable(lock, exc)
     if _being_cancelled():
@@ -308,32 +431,40 @@ def _being_cancelled() -> bool:
     return cancelling is not None and cancelling() > 0
 
 
-def _refusal(lock: Lock, mode: str, timeout: float | None, settings: WebSettings, retry: int | None,
+def _refusal(lock: Target, mode: str, timeout: float | None, settings: WebSettings, retry: int | None,
              status: int | None, custom: bool) -> Refusal | LockTimeout:
+    seconds = retry_after(timeout, retry if retry is not None else settings.retry_after)
+    if isinstance(lock, Semaphore):
+        return limited(lock, seconds, status or LIMITED_STATUS)
     if custom:
         return LockTimeout(f"could not acquire the {mode} lock within {timeout} s", group=lock.group, name=lock.name)
-    return busy(lock, mode, retry_after(timeout, retry if retry is not None else settings.retry_after),
-                status or settings.locked_status)
+    return busy(lock, mode, seconds, status or settings.locked_status)
 
 
-def leave(lock: Lock, mode: str) -> None:
-    """Release a request's lock; a lost lease or an unreachable engine is logged, never
-    raised (the view has run; its answer stands)."""
+def leave(lock: Target, mode: str) -> None:
+    """Release a request's lock or permit; a lost lease or an unreachable engine is logged,
+    never raised (the view has run; its answer stands)."""
     try:
-        lock.unlock() if mode == WRITE else lock.runlock()
+        if isinstance(lock, Semaphore):
+            lock.release()
+        else:
+            lock.unlock() if mode == WRITE else lock.runlock()
     except (LockLost, EngineUnavailable) as exc:
         _left_badly(lock, exc)
 
 
-async def aleave(lock: Lock, mode: str) -> None:
+async def aleave(lock: Target, mode: str) -> None:
     """:func:`leave` for async views (the release completes even if the request is cancelled)."""
     try:
-        await (lock.aunlock() if mode == WRITE else lock.arunlock())
+        if isinstance(lock, Semaphore):
+            await lock.arelease()
+        else:
+            await (lock.aunlock() if mode == WRITE else lock.arunlock())
     except (LockLost, EngineUnavailable) as exc:
         _left_badly(lock, exc)
 
 
-def _left_badly(lock: Lock, exc: Exception) -> None:
+def _left_badly(lock: Target, exc: Exception) -> None:
     if isinstance(exc, LockLost):
         logger.error("ylock: %s", exc)
     else:

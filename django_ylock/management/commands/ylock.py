@@ -9,10 +9,13 @@ deployment's stats, run a command while holding a named lock.
 
 Every verb is :mod:`ylock.cli`'s (the ``ylock`` script's): this command only turns the
 ``YLOCK`` setting into engines and named locks, so it prints what ``ylock`` and ``flask
-ylock`` print, and exits with the same codes.
+ylock`` print, and exits with the same codes. The hold of ``run`` says what it is doing
+(``ylock list``, the admin page): ``"manage.py ylock run backup.sh"``, the command's name
+without its arguments (they may hold secrets).
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -44,9 +47,11 @@ class Command(BaseCommand):
             return (alias, lock.engine), lock
 
         console = cli.Console(lambda text: self.stdout.write(text, ending=""), options.get("stdin"))
+        command = options.get("command") or [""]
         try:
-            code = cli.execute(options["action"], options, console, named_lock=named_lock,
-                               targets=lambda alias: cli.targets_of(registry.aliases(), registry.engine, alias))
+            with ylock.context(f"manage.py ylock {options['action']} {os.path.basename(command[0])}".rstrip()):
+                code = cli.execute(options["action"], options, console, named_lock=named_lock,
+                                   targets=lambda alias: cli.targets_of(registry.aliases(), registry.engine, alias))
         except cli.CommandFailed as exc:
             raise CommandError(str(exc), returncode=exc.code) from exc
         except ylock.LockError as exc:
