@@ -220,9 +220,9 @@ def busy(lock: Lock, mode: str, retry_after: int, status: int = 423) -> Refusal:
 def limited(semaphore: Semaphore, retry_after: int, status: int = LIMITED_STATUS) -> Refusal:
     """The answer to a request over its concurrency limit (429 Too Many Requests unless
     configured): the body has the shape of :func:`busy`'s."""
-    name = f"{semaphore.group}/{semaphore.name}"
-    body = {"error": "limited", "lock": name, "retry_after": retry_after,
-            "detail": f"all {semaphore.permits} permits of {name} are taken; retry later"}
+    name, permits = f"{semaphore.group}/{semaphore.name}", semaphore.permits
+    taken = f"the permit of {name} is taken" if permits == 1 else f"the {permits} permits of {name} are all taken"
+    body = {"error": "limited", "lock": name, "retry_after": retry_after, "detail": f"{taken}; retry later"}
     return Refusal(status, REASONS.get(status, "Too Many Requests"), body, {"Retry-After": str(retry_after)})
 
 

@@ -98,6 +98,14 @@ def raise_job(self: LockedTask, job: str) -> str:
     return "ran"
 
 
+@app.task(bind=True, shared=False, base=LockedTask, lock={**JOBS, "on_busy": "raise"})
+def gated_job(self: LockedTask, job: str, started: str, gate: str) -> str:
+    """Holds its lock until the test creates ``gate`` (``started`` says it holds it)."""
+    Path(started).write_text(str(self.request.ylock.token))
+    _wait_for(gate)
+    return "done"
+
+
 # -- scope="enqueue" -----------------------------------------------------------------------------
 
 

@@ -12,6 +12,8 @@ urlpatterns = [
     path("by-query/", views.by_query),
     path("committed/<int:account_id>/", views.committed),
     path("api/plain/", views.plain),
+    path("api/park/", views.park),
+    path("api/own/", views.own_lock),
     path("health/", views.plain),
     path("metrics", django_ylock.views.metrics),
 ]

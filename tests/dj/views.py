@@ -1,3 +1,5 @@
+import threading
+
 from django.db import transaction
 from django.http import HttpResponse
 from django.utils.decorators import method_decorator
@@ -50,3 +52,39 @@ def committed(request, account_id):
 
 def plain(request):
     return HttpResponse("plain")
+
+
+class Park:
+    """Holds requests of the ``park`` view until the test lets them go; counts them in."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.inside = 0
+        self.leave = threading.Event()
+
+    def wait_inside(self, count: int, timeout: float = 10) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.inside >= count, timeout)
+
+
+park_gate = Park()
+
+
+def park(request):
+    with park_gate.changed:
+        park_gate.inside += 1
+        park_gate.changed.notify_all()
+    try:
+        assert park_gate.leave.wait(10), "the test never let the request go"
+    finally:
+        with park_gate.changed:
+            park_gate.inside -= 1
+    return HttpResponse("parked")
+
+
+def own_lock(request):
+    """Takes a lock of its own: it says what the request is doing too."""
+    lock = django_ylock.locks("accounts")["own"]
+    with lock.write(timeout=1):
+        info = [i for i in lock.engine.describe("accounts") if i.name == "own"]
+        return HttpResponse(next(iter(info[0].context.values()))["what"])

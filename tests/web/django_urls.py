@@ -27,10 +27,28 @@ def profile(request):
     return JsonResponse({"ok": True})
 
 
+@django_ylock.limited("exports", permits=2, key="account_id")
+def export(request, account_id):
+    return JsonResponse({"ok": True})
+
+
+@django_ylock.limited("exports", permits=2, key="account_id")
+async def async_export(request, account_id):
+    return JsonResponse({"ok": True})
+
+
+@django_ylock.limited("reports", key=False)          # PERMITS from the LOCKS setting
+def report(request):
+    return JsonResponse({"ok": True})
+
+
 urlpatterns = [
     path("accounts/<str:account_id>/withdraw", withdraw),
     path("accounts/<str:account_id>", balance),
     path("async/<str:account_id>", async_withdraw),
     path("files/<path:account_id>", withdraw),
     path("profile", profile),
+    path("exports/<str:account_id>", export),
+    path("async-exports/<str:account_id>", async_export),
+    path("reports", report),
 ]

@@ -1,6 +1,8 @@
 """One table of request-level behaviour, run through both plugins: a Django project and a
 Flask app with the same views must answer every request the same way (status, reason,
-Retry-After, JSON body) and take the same locks (ylock.web is the one implementation)."""
+Retry-After, JSON body) and take the same locks (ylock.web is the one implementation):
+423 for a busy lock, 429 for a request over its concurrency limit (@limited), 503 for an
+engine that cannot be reached."""
 from __future__ import annotations
 
 import threading
@@ -17,7 +19,7 @@ from flask_ylock import YLock
 from tests.helpers import Runner
 from ylock.testing import free_port
 
-LOCKS = {"accounts": {"TIMEOUT": 0.2}, "profiles": {"TIMEOUT": 0.2}}
+LOCKS = {"accounts": {"TIMEOUT": 0.2}, "profiles": {"TIMEOUT": 0.2}, "reports": {"PERMITS": 1}}
 
 
 class Plugin:
@@ -85,6 +87,21 @@ class FlaskPlugin(Plugin):
         @ext.locked("profiles")
         def profile() -> Any:
             return jsonify(ok=True)
+
+        @app.post("/exports/<account_id>")
+        @ext.limited("exports", permits=2, key="account_id")
+        def export(account_id: str) -> Any:
+            return jsonify(ok=True)
+
+        @app.post("/async-exports/<account_id>")
+        @ext.limited("exports", permits=2, key="account_id")
+        async def async_export(account_id: str) -> Any:
+            return jsonify(ok=True)
+
+        @app.get("/reports")
+        @ext.limited("reports", key=False)          # PERMITS from the LOCKS setting
+        def report() -> Any:
+            return jsonify(ok=True)
         self.app = app
 
     def session(self) -> Any:
@@ -108,8 +125,22 @@ def plugin(request: pytest.FixtureRequest, settings: Any, redis_server: Any, gro
 
 
 def holding(url: str, family: str, name: str, mode: str = "write") -> Iterator[None]:
-    """Hold ``family/name`` in another thread for the duration of the block."""
+    """Hold ``family/name`` in another thread for the duration of the block; mode
+    ``"permits:N/M"``: N permits of the semaphore of M permits, each by an owner of its own."""
     engine = ylock.engine_from_url(url)
+    if mode.startswith("permits:"):
+        taken, permits = map(int, mode.partition(":")[2].split("/"))
+        sem = ylock.Semaphore(engine, family, name, permits=permits)
+        owners = [ylock.owner.new_owner() for _ in range(taken)]
+        for owner in owners:
+            assert ylock.run_as(owner, sem.try_acquire)
+        try:
+            yield
+        finally:
+            for owner in owners:
+                ylock.run_as(owner, sem.release)
+            engine.close()
+        return
     lock = ylock.Lock(engine, family, name)
     held, done = threading.Event(), threading.Event()
 
@@ -134,6 +165,8 @@ held = contextmanager(holding)
 
 BUSY = {"error": "locked", "lock": "accounts/7", "retry_after": 1,
         "detail": "the write lock accounts/7 is busy; retry later"}
+LIMITED = {"error": "limited", "lock": "exports/7", "retry_after": 1,
+           "detail": "the 2 permits of exports/7 are all taken; retry later"}
 
 # (held: family, name, mode or None), request (method, path), expected (status, reason, Retry-After, body or None)
 TABLE: list[tuple[tuple[str, str, str] | None, tuple[str, str], tuple[int, str, str | None, Any]]] = [
@@ -149,6 +182,18 @@ TABLE: list[tuple[tuple[str, str, str] | None, tuple[str, str], tuple[int, str, 
     (("accounts", "a%2Fb", "write"), ("POST", "/files/a/b"), (423, "Locked", "1", {
         **BUSY, "lock": "accounts/a%2Fb", "detail": "the write lock accounts/a%2Fb is busy; retry later"})),
     (None, ("POST", "/files/a/{b}"), (200, "OK", None, {"ok": True})),
+    # @limited: at most N requests per key at once; the others get 429 at once (timeout=0).
+    (None, ("POST", "/exports/7"), (200, "OK", None, {"ok": True})),
+    (("exports", "7", "permits:1/2"), ("POST", "/exports/7"), (200, "OK", None, {"ok": True})),
+    (("exports", "7", "permits:2/2"), ("POST", "/exports/7"), (429, "Too Many Requests", "1", LIMITED)),
+    (("exports", "7", "permits:2/2"), ("POST", "/exports/8"), (200, "OK", None, {"ok": True})),
+    (("exports", "7", "permits:2/2"), ("POST", "/async-exports/7"), (429, "Too Many Requests", "1", LIMITED)),
+    (("exports", "7", "permits:1/2"), ("POST", "/async-exports/7"), (200, "OK", None, {"ok": True})),
+    (("exports", "7", "write"), ("POST", "/exports/7"), (200, "OK", None, {"ok": True})),   # a lock: unrelated
+    (("reports", "global", "permits:1/1"), ("GET", "/reports"), (429, "Too Many Requests", "1", {
+        "error": "limited", "lock": "reports/global", "retry_after": 1,
+        "detail": "the permit of reports/global is taken; retry later"})),
+    (None, ("GET", "/reports"), (200, "OK", None, {"ok": True})),
 ]
 
 
@@ -169,11 +214,13 @@ def test_an_unreachable_engine_answers_503_without_its_address(plugin: Plugin, s
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0?connect_timeout=0.2&socket_timeout=0.2"
     other = DjangoPlugin(settings, url) if plugin.name == "django" else FlaskPlugin(url, tmp_path)
-    status, reason, headers, body = other.request("POST", "/accounts/7/withdraw")
-    assert (status, reason, headers) == (503, "Service Unavailable", {"Retry-After": "5"})
-    assert body == {"error": "lock engine unavailable", "lock": "accounts/7", "retry_after": 5,
-                    "detail": "the lock service is unavailable; retry later"}
-    assert str(port) not in str(body)
+    for path, lock in (("/accounts/7/withdraw", "accounts/7"), ("/exports/7", "exports/7"),
+                       ("/async-exports/7", "exports/7")):
+        status, reason, headers, body = other.request("POST", path)
+        assert (status, reason, headers) == (503, "Service Unavailable", {"Retry-After": "5"})
+        assert body == {"error": "lock engine unavailable", "lock": lock, "retry_after": 5,
+                        "detail": "the lock service is unavailable; retry later"}
+        assert str(port) not in str(body)
 
 
 def test_anonymous_visitors_are_locked_by_a_hash_of_their_session(plugin: Plugin) -> None:
