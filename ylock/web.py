@@ -1,5 +1,5 @@
 """Locking around web requests, framework-free: the one behaviour behind Django's and
-Flask's ``@locked`` views and per-user locks. The plugins only translate their request
+Flask's ``@locked`` and ``@limited`` views and per-user locks. The plugins only translate their request
 objects and settings into these calls, so both answer the same requests the same way.
 
 - **Which lock.** ``key`` picks one lock of a named family per request: a URL value
@@ -60,8 +60,8 @@ REASONS = {423: "Locked", 429: "Too Many Requests", 503: "Service Unavailable"}
 SETTINGS: dict[str, Any] = {
     "USER_LOCK": None,       # per-user lock around requests: True or a dict (USER_LOCK_DEFAULTS)
     "LOCKED_STATUS": 423,    # status of the answer when a request cannot get its lock in time
-    "RETRY_AFTER": None,     # Retry-After seconds on that answer (default: the timeout, at least 1)
-    "ON_LOCKED": None,       # callable(request, exc) (or its dotted path) answering instead
+    "RETRY_AFTER": None,     # Retry-After seconds on that answer and on 429s (default: the timeout, at least 1)
+    "ON_LOCKED": None,       # callable(request, exc) (or its dotted path) answering instead of a 423
 }
 USER_LOCK_DEFAULTS: dict[str, Any] = {
     "LOCK": "users",         # the named Locks family; one lock per user
