@@ -43,7 +43,7 @@ import redis.asyncio as aredis
 
 import ylock
 from bench.contended import analyse
-from bench.run import machine, rate, stats
+from bench.run import machine, measure, rate, server_cpu, stats
 from ylock.testing.redis import RedisServer
 
 HERE = Path(__file__).resolve().parent
@@ -52,18 +52,42 @@ Log = list[tuple[int, int, int]]
 LIBS = ["ylock redis (asyncio)", "redis.asyncio Lock", "no lock (control)"]
 
 
-async def arate(func: Callable[[], Awaitable[Any]], seconds: float, max_ops: int = 1_000_000) -> float:
-    """Return awaits of ``func()`` per second over about ``seconds`` (:func:`bench.run.rate`'s twin)."""
+async def ameasure(func: Callable[[], Awaitable[Any]], seconds: float,
+                   server: redis.Redis | None = None) -> dict[str, float]:
+    """:func:`bench.run.measure` of an awaitable: awaits of ``func()`` per second, and CPU
+    µs per await of this thread (the event loop's) and of the Redis server's main thread.
+    The server's counters are read with the blocking client before and after."""
     await func()
-    ops, began = 0, time.perf_counter()
+    before = server_cpu(server) if server is not None else 0.0
+    ops, began, cpu = 0, time.perf_counter(), time.thread_time()
     deadline = began + seconds
-    while ops < max_ops:
+    while ops < 1_000_000:
         for _ in range(50):
             await func()
         ops += 50
         if time.perf_counter() >= deadline:
             break
-    return ops / (time.perf_counter() - began)
+    wall, cpu = time.perf_counter() - began, time.thread_time() - cpu
+    out = {"rate": ops / wall, "cpu_us": cpu / ops * 1e6}
+    if server is not None:
+        out["server_us"] = (server_cpu(server) - before) / ops * 1e6
+    return out
+
+
+async def _measure(op: Callable[[], Any], is_async: bool, seconds: float,
+                   server: redis.Redis | None = None) -> dict[str, float]:
+    return await ameasure(op, seconds, server) if is_async else measure(op, seconds, server)
+
+
+async def apaired_ratio(a: tuple[Callable[[], Any], bool], b: tuple[Callable[[], Any], bool], rounds: int,
+                        seconds: float) -> dict[str, float]:
+    """:func:`bench.run.paired_ratio` of (op, is_async) cases: ``b``'s rate over ``a``'s,
+    timed a, b, b, a back to back in each of ``rounds`` rounds; median, min and max."""
+    ratios = []
+    for _ in range(rounds):
+        a1, b1, b2, a2 = [(await _measure(*case, seconds))["rate"] for case in (a, b, b, a)]
+        ratios.append((b1 + b2) / (a1 + a2))
+    return stats(ratios)
 
 
 def _ylock_async(lock: ylock.Lock) -> Callable[[], Awaitable[None]]:
@@ -182,11 +206,17 @@ class AsyncBench:
             "ylock local alock/aunlock (asyncio)": ("local", _ylock_async(local_lock), True),
             "ylock local lock/unlock (blocking)": ("local", _sync(local_lock.lock, local_lock.unlock), False),
         }
-        samples: dict[str, list[float]] = {k: [] for k in cases}
+        samples: dict[str, list[dict[str, float]]] = {k: [] for k in cases}
         for _ in range(self.runs):                   # interleaved: drift hits every case alike
-            for name, (_, op, is_async) in cases.items():
-                samples[name].append(await arate(op, self.seconds) if is_async else rate(op, self.seconds))
-        rows = {name: {"kind": kind, **stats(samples[name])} for name, (kind, _, _) in cases.items()}
+            for name, (kind, op, is_async) in cases.items():
+                samples[name].append(await _measure(op, is_async, self.seconds,
+                                                    None if kind == "local" else self.client))
+        rows: dict[str, Any] = {}
+        for name, (kind, _, _) in cases.items():
+            rows[name] = {"kind": kind, **stats([x["rate"] for x in samples[name]])}
+            for key in ("cpu_us", "server_us"):
+                if key in samples[name][0]:
+                    rows[name][key] = statistics.median(x[key] for x in samples[name])
         floors = {"sync": rows["floor: EVALSHA round trip (redis-py)"]["median"],
                   "async": rows["floor: EVALSHA round trip (redis.asyncio)"]["median"]}
         for name, row in rows.items():
@@ -204,6 +234,10 @@ class AsyncBench:
                  "ylock local asyncio/blocking": ("ylock local alock/aunlock (asyncio)",
                                                   "ylock local lock/unlock (blocking)")}
         self.results["ratios"] = {key: rows[a]["median"] / rows[b]["median"] for key, (a, b) in pairs.items()}
+        # The two ratios that matter, timed back to back in short rounds (steadier on a busy machine).
+        self.results["paired"] = {
+            key: await apaired_ratio(cases[b][1:], cases[a][1:], 3 * self.runs, self.seconds / 4)
+            for key, (a, b) in pairs.items() if key.startswith("ylock asyncio")}
         # Script round trips per asyncio pair, counted by the server (uncontended, nothing else is sent).
         op = _ylock_async(lock)
         await op()
@@ -270,13 +304,17 @@ def markdown(r: dict[str, Any]) -> str:
              f"{r.get('load_after', ['?'])[0]:.1f} after (2 cores: other work was running).", ""]
     if "uncontended" in r:
         lines += ["**Uncontended acquire+release, one task or thread** (pairs/s; `vs floor` = 2 × pairs/s ÷ "
-                  "EVALSHA round trips/s through the same kind of client)", "",
-                  "| case | median | min | max | vs floor |", "|---|---:|---:|---:|---:|"]
+                  "EVALSHA round trips/s through the same kind of client; CPU µs per pair of the client's thread "
+                  "and of the Redis server's main thread, medians)", "",
+                  "| case | median | min | max | vs floor | client CPU µs | server CPU µs |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for name, row in r["uncontended"].items():
             lines.append(f"| {name} | {f(row['median'])} | {f(row['min'])} | {f(row['max'])} | "
-                         f"{f(row.get('vs_floor'), 2)} |")
-        lines += ["", "Ratios (same run): " + ", ".join(f"{k} = {v:.2f}" for k, v in r["ratios"].items())
-                  + f"; ylock script round trips per uncontended asyncio pair (counted by the server): "
+                         f"{f(row.get('vs_floor'), 2)} | {f(row.get('cpu_us'), 1)} | {f(row.get('server_us'), 1)} |")
+        paired = "; ".join(f"{k} = {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})" for k, v in r["paired"].items())
+        lines += ["", "Ratios of the medians above: " + ", ".join(f"{k} = {v:.2f}" for k, v in r["ratios"].items())
+                  + f". Timed back to back ({r['runs'] * 3} rounds of a, b, b, a; median (min-max)): {paired}. "
+                  f"ylock script round trips per uncontended asyncio pair (counted by the server): "
                   f"{r['round_trips_per_async_pair']:.0f}.", ""]
     if "contended" in r:
         lines += ["**Contended, asyncio** (one lock, a GET+SET counter inside; gap = release → next acquire, "

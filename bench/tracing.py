@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ import redis
 
 import ylock
 import ylock.tracing
-from bench.run import machine, rate, stats
+from bench.run import machine, measure, stats
 from ylock.testing.redis import RedisServer
 
 HERE = Path(__file__).resolve().parent
@@ -45,7 +46,8 @@ MODES = ["off", "off (child)", "extra not installed", "API only (no-op tracer)",
          "SDK + in-memory exporter"]
 
 # The children: argv = mode ("blocked", "importable" or "imports"), engine URL, lock name,
-# seconds; print pairs/s (or, for "imports", whether a lock pair imported opentelemetry).
+# seconds; print bench.run.measure's answer as JSON (or, for "imports", whether a lock pair
+# imported opentelemetry).
 _CHILD = """
 import sys, time
 mode = sys.argv[1]
@@ -60,12 +62,17 @@ if mode == "imports":
     op()
     print(any(m == "opentelemetry" or m.startswith("opentelemetry.") for m in sys.modules))
     sys.exit(0)
-from bench.run import rate
-ops = rate(op, float(sys.argv[4]))
+import json
+from bench.run import measure
+server = None
+if sys.argv[2].startswith("redis"):
+    import redis
+    server = redis.Redis.from_url(sys.argv[2])
+result = measure(op, float(sys.argv[4]), server)
 if mode == "blocked":
     assert sys.modules["opentelemetry"] is None and not any(
         m.startswith("opentelemetry.") for m in sys.modules), "something imported opentelemetry"
-print(ops)
+print(json.dumps(result))
 """
 
 
@@ -106,38 +113,47 @@ class TracingBench:
                 lock.lock()
                 lock.unlock()
             ops[where] = op
+        sdk = self._sdk()
+        # How each in-process mode is switched on (all with the same lock objects).
+        switch: dict[str, Callable[[], Any]] = {
+            "off": ylock.tracing.disable,
+            "API only (no-op tracer)": ylock.tracing.enable,      # the global proxy: no SDK provider set
+            "SDK, no span processor": lambda: ylock.tracing.enable(sdk["bare"]),
+            "SDK + in-memory exporter": lambda: ylock.tracing.enable(sdk["memory"]),
+        }
         trivial = self.client.register_script("return 1")
-        samples: dict[str, list[float]] = {"floor: Redis EVALSHA round trip": []}
+        samples: dict[str, list[dict[str, float]]] = {"floor: Redis EVALSHA round trip": []}
         samples.update({f"{where}: {mode}": [] for where in engines for mode in MODES})
         spans_per_pair: list[float] = []
-        self.results["versions"] = {}
-        sdk: Any = None
+
+        def sample(where: str, mode: str, seconds: float) -> dict[str, float]:
+            switch[mode]()
+            try:
+                return measure(ops[where], seconds, self.client if where == "redis" else None)
+            finally:
+                sdk["exporter"].clear()
+                ylock.tracing.disable()
         for _ in range(self.runs):
-            samples["floor: Redis EVALSHA round trip"].append(rate(trivial, self.seconds))
+            samples["floor: Redis EVALSHA round trip"].append(measure(trivial, self.seconds, self.client))
             for where, url in engines.items():
-                op = ops[where]
-                ylock.tracing.disable()
-                samples[f"{where}: off"].append(rate(op, self.seconds))
+                samples[f"{where}: off"].append(sample(where, "off", self.seconds))
                 # The local engine lives in one process: each child gets its own.
-                samples[f"{where}: off (child)"].append(float(_child("importable", url, f"c{where}{n}",
-                                                                     self.seconds)))
-                samples[f"{where}: extra not installed"].append(float(_child("blocked", url, f"c{where}{n}",
-                                                                             self.seconds)))
-                if sdk is None:
-                    sdk = self._sdk()
-                ylock.tracing.enable()                      # the global proxy: no SDK provider configured
-                samples[f"{where}: API only (no-op tracer)"].append(rate(op, self.seconds))
-                ylock.tracing.enable(sdk["bare"])
-                samples[f"{where}: SDK, no span processor"].append(rate(op, self.seconds))
+                for mode, child in (("off (child)", "importable"), ("extra not installed", "blocked")):
+                    samples[f"{where}: {mode}"].append(json.loads(_child(child, url, f"c{where}{n}", self.seconds)))
+                for mode in MODES[3:]:
+                    samples[f"{where}: {mode}"].append(sample(where, mode, self.seconds))
                 ylock.tracing.enable(sdk["memory"])
-                sdk["exporter"].clear()
                 for _ in range(200):
-                    op()
+                    ops[where]()
                 spans_per_pair.append(len(sdk["exporter"].get_finished_spans()) / 200)
-                samples[f"{where}: SDK + in-memory exporter"].append(rate(op, self.seconds))
                 sdk["exporter"].clear()
                 ylock.tracing.disable()
-        rows: dict[str, Any] = {name: stats(values) for name, values in samples.items()}
+        rows: dict[str, Any] = {}
+        for name, values in samples.items():
+            rows[name] = stats([x["rate"] for x in values])
+            for key in ("cpu_us", "server_us"):
+                if key in values[0]:
+                    rows[name][key] = statistics.median(x[key] for x in values)
         for where in engines:
             for mode in MODES:
                 # "extra not installed" against the child like it, the others against "off"
@@ -145,9 +161,21 @@ class TracingBench:
                 row = rows[f"{where}: {mode}"]
                 row["vs"] = base.split(": ")[1]
                 row["vs_off"] = row["median"] / rows[base]["median"]
-                # the same ratio run by run (each run's samples taken back to back)
-                row["vs_off_per_run"] = stats([x / o for x, o in zip(samples[f"{where}: {mode}"], samples[base])])
+                row["cpu_us_added"] = row["cpu_us"] - rows[base]["cpu_us"]
+                if "server_us" in row and "server_us" in rows[base]:
+                    row["server_us_added"] = row["server_us"] - rows[base]["server_us"]
+        # Each in-process mode against off, timed off, mode, mode, off back to back in short
+        # rounds: steadier than the ratio of two medians when other work shares the machine.
+        paired: dict[str, Any] = {}
+        for where in engines:
+            for mode in MODES[3:]:
+                ratios = []
+                for _ in range(2 * self.runs):
+                    o1, m1, m2, o2 = (sample(where, x, self.seconds / 4)["rate"] for x in ("off", mode, mode, "off"))
+                    ratios.append((m1 + m2) / (o1 + o2))
+                paired[f"{where}: {mode}"] = stats(ratios)
         self.results["uncontended"] = rows
+        self.results["paired"] = paired
         self.results["spans_per_pair"] = max(spans_per_pair)
         self.results["ylock_imports_opentelemetry_when_off"] = _child("imports", "local://", f"i{n}", 0) == "True"
 
@@ -178,13 +206,21 @@ def markdown(r: dict[str, Any]) -> str:
              + f"; load average {r['load_before'][0]:.1f} before, {r.get('load_after', ['?'])[0]:.1f} after "
              "(2 cores: other work was running).", "",
              "**Tracing cost, uncontended lock+unlock, one thread** (pairs/s; `ratio` = median ÷ the median of "
-             "the case named in `to`, same engine, same run; `per run` = that ratio run by run, min-max)", "",
-             "| engine: tracing | median | min | max | ratio | to | per run |", "|---|---:|---:|---:|---:|---|---|"]
+             "the case named in `to` (same engine, same run); `back to back` = the same ratio timed `to`, case, "
+             "case, `to` in short rounds, median (min-max); CPU µs per pair of the client's thread and of the "
+             "Redis server's main thread (medians) and what the case adds to those of `to`)", "",
+             "| engine: tracing | median | min | max | ratio | to | back to back | client CPU µs | added | "
+             "server CPU µs | added |", "|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|"]
+
+    def f(v: Any, digits: int = 1, sign: bool = False) -> str:
+        return "-" if v is None else f"{v:+,.{digits}f}" if sign else f"{v:,.{digits}f}"
     for name, row in r["uncontended"].items():
-        per = row.get("vs_off_per_run")
+        pair = r.get("paired", {}).get(name)
         lines.append(f"| {name} | {row['median']:,.0f} | {row['min']:,.0f} | {row['max']:,.0f} | "
-                     + (f"{row['vs_off']:.3f} | {row['vs']} | {per['min']:.2f}-{per['max']:.2f} |" if per
-                        else "- | - | - |"))
+                     + (f"{row['vs_off']:.3f} | {row['vs']} | " if "vs" in row else "- | - | ")
+                     + (f"{pair['median']:.3f} ({pair['min']:.2f}-{pair['max']:.2f}) | " if pair else "- | ")
+                     + f"{f(row.get('cpu_us'))} | {f(row.get('cpu_us_added'), sign=True)} | "
+                     f"{f(row.get('server_us'))} | {f(row.get('server_us_added'), sign=True)} |")
     lines += ["", f"A lock pair with tracing off imports OpenTelemetry: "
               f"{'yes' if r['ylock_imports_opentelemetry_when_off'] else 'no'} (checked in a child process); "
               f"spans per traced pair (in-memory exporter): {r['spans_per_pair']:.0f} (a wait span and a hold "
