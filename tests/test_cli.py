@@ -97,6 +97,19 @@ def test_list_inspect_and_release_with_a_piped_confirmation(url: str, group: str
             lock.unlock()
 
 
+def test_run_says_what_holds_the_lock_without_the_arguments(url: str, group: str) -> None:
+    """While ``ylock run`` holds the lock, another process's describe() shows the command's
+    name as the holder's context, and none of its arguments (they may be secrets)."""
+    probe = ("import os, sys, ylock; e = ylock.engine_from_url(sys.argv[1]); "
+             "print([o.get('what') for i in e.describe() for o in (i.context or {}).values()])")
+    done = ylock_cli("--url", url, "run", "--lock", f"{group}/job", "--", sys.executable, "-c", probe, url,
+                     "secret-argument")
+    assert done.returncode == 0, done.stderr
+    said = done.stdout.strip()
+    assert f"ylock run {os.path.basename(sys.executable)}" in said, said
+    assert "secret" not in said
+
+
 def test_errors_are_one_line_with_exit_codes(redis_server, group: str) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0?connect_timeout=0.3&socket_timeout=0.3"
     for verb in (["list"], ["stats"], ["inspect", group, "x"], ["release", group, "x", "--yes"]):

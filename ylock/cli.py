@@ -46,6 +46,7 @@ from ylock.lock import Lock
 from ylock.metrics import shared
 from ylock.metrics.aggregator import WINDOW
 from ylock.names import check_group, check_name
+from ylock.owner import context
 
 logger = logging.getLogger(__name__)
 
@@ -369,9 +370,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             _lock_name(group, name)
             return target, Lock(target[1], group, name)
 
-        return execute(args.action, vars(args), Console(sys.stdout.write, sys.stdin),
-                       targets=lambda alias: targets_of([DEFAULT_ALIAS], lambda _: target[1], alias),
-                       named_lock=named_lock)
+        command = getattr(args, "command", None) or [""]
+        with context(f"ylock {args.action} {os.path.basename(command[0])}".rstrip()):   # the name, not the arguments
+            return execute(args.action, vars(args), Console(sys.stdout.write, sys.stdin),
+                           targets=lambda alias: targets_of([DEFAULT_ALIAS], lambda _: target[1], alias),
+                           named_lock=named_lock)
     except CommandFailed as exc:
         print(f"ylock: error: {exc}", file=sys.stderr)
         return exc.code

@@ -34,6 +34,8 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
 
 import ylock
 from ylock.owner import process_id
@@ -261,13 +263,14 @@ def test_release_a_lock_that_another_process_holds(admin_site: object, browser: 
     screenshot(browser, tmp_path)
 
     export.find_element(By.CSS_SELECTOR, "a.ylock-release").click()
+    page(browser, "#content-main .ylock-confirm-release")      # the confirmation page has loaded
     assert browser.find_element(By.TAG_NAME, "h1").text == "Are you sure?"
     confirm = browser.find_element(By.ID, "content-main").text
     assert f"the write lock {group}/nightly-export on engine default" in confirm
     assert "nightly export" in confirm and token in confirm
     browser.find_element(By.CSS_SELECTOR, "input.ylock-confirm-release").click()
 
-    message = browser.find_element(By.CSS_SELECTOR, ".messagelist .success").text
+    message = page(browser, ".messagelist .success").text       # the list again, once it has loaded
     assert message == f"Released the write lock {group}/nightly-export on engine default: " \
                       "its holders are told they lost it."
     assert f"lock {group}/nightly-export" not in rows(browser)
@@ -282,6 +285,13 @@ def test_release_a_lock_that_another_process_holds(admin_site: object, browser: 
     assert entry.change_message.endswith(f", token {token}.")
     browser.get(f"{admin_site}/admin/")
     assert entry.object_repr in browser.find_element(By.ID, "recent-actions-module").text
+
+
+def page(browser: webdriver.Chrome, selector: str, timeout: float = 10.0) -> WebElement:
+    """The element ``selector`` once the page that a click navigated to shows it (a form's
+    submit returns before the next page has loaded)."""
+    return WebDriverWait(browser, timeout).until(
+        expected_conditions.presence_of_element_located((By.CSS_SELECTOR, selector)))
 
 
 def screenshot(browser: webdriver.Chrome, tmp_path: Path) -> None:
