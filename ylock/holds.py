@@ -14,17 +14,18 @@ hold is marked lost. One table per process (:data:`HOLDS`); every other part rea
   hold and publishes one ``lost`` event. Engines report loss here and never import the
   watchdog.
 
-After ``fork()`` the child starts with an empty table: it inherits no holds.
+After a fork the child starts with an empty table: it inherits no holds (also after a fork
+made from C, noticed on the child's first use: :func:`ylock.owner.after_fork`).
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 from ylock import events
+from ylock.owner import after_fork, check_fork
 
 
 class Engine(Protocol):
@@ -187,6 +188,7 @@ class HoldTable:
 
     def holds(self, engine: Engine | None = None) -> list[Hold]:
         """Return the live holds (of ``engine``, if given)."""
+        check_fork()
         with self.changed:
             return [h for h in self.by_key.values() if engine is None or h.engine is engine]
 
@@ -275,4 +277,4 @@ class HoldTable:
 
 
 HOLDS = HoldTable()
-os.register_at_fork(after_in_child=HOLDS._after_fork)
+after_fork(HOLDS._after_fork)

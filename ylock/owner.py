@@ -5,6 +5,10 @@ Ownership is per thread, like Java's ReentrantReadWriteLock, and per task in asy
 that moves between threads on its own (a thread pool, ``sync_to_async``) opens an
 :func:`owner_scope`: the id travels with the context, so the acquire and the release may
 run on different threads and still be the same owner.
+
+A forked child is a new process: it gets new owner ids, and everything of ylock that
+belongs to one process (the hold table, the renewal thread, engines' connections) starts
+afresh in it (:func:`after_fork`), whether the fork ran Python's fork hooks or not.
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import asyncio
 import functools
 import itertools
 import json
+import logging
+import mmap
 import os
 import socket
 import sys
@@ -21,6 +27,8 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+
+logger = logging.getLogger(__name__)
 
 _scoped: ContextVar[str | None] = ContextVar("ylock_owner", default=None)
 _running_loop = asyncio._get_running_loop   # the C function: None outside a running loop, and cheap
@@ -39,19 +47,111 @@ def _new_process_id() -> str:
 _process_id = _new_process_id()
 
 
+# -- a new process -----------------------------------------------------------------------------
+#
+# A forked child must not go on with its parent's owner ids (the parent may hold locks under
+# them: two processes would pass for one owner re-entering), nor with its hold table, its
+# renewal thread (which does not exist in the child) or its connections. os.fork() runs the
+# hooks of os.register_at_fork; a fork made from C does not: uWSGI forks its workers so
+# (unless --lazy-apps or --py-call-osafterfork), and so may any embedding program. So every
+# entry point of ylock also asks, cheaply, whether this is still the process that last
+# looked: a page the kernel zeroes in every forked child (MADV_WIPEONFORK, Linux 4.14+) is
+# read in ~40 ns; elsewhere os.getpid() is compared, a system call (200-450 ns on the
+# machine ylock is benchmarked on, where a re-entry costs ~650 ns).
+
+_MADV_WIPEONFORK = 18          # Linux's value; Python's mmap module does not name it
+
+
+class _PidMark:
+    """Where the kernel has no MADV_WIPEONFORK: reads 1 while the pid is the one it was set in."""
+
+    __slots__ = ("pid",)
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+
+    def __getitem__(self, index: int) -> int:
+        return 1 if os.getpid() == self.pid else 0
+
+    def __setitem__(self, index: int, value: int) -> None:
+        self.pid = os.getpid()
+
+
+def _fork_mark() -> mmap.mmap | _PidMark:
+    """Return a byte that reads 1 in this process and 0 in a child forked from it (until the
+    child sets it again)."""
+    if sys.platform.startswith("linux"):
+        try:
+            page = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            page.madvise(_MADV_WIPEONFORK)
+        except (AttributeError, OSError, ValueError):
+            pass                      # an older kernel (EINVAL), or no madvise: ask for the pid
+        else:
+            page[0] = 1
+            return page
+    return _PidMark()
+
+
+_same_process = _fork_mark()
+_pid = os.getpid()
+_hooks: list[Callable[[], None]] = []
+_resetting: dict[int, threading.Lock] = {}
+
+
+def after_fork(hook: Callable[[], None]) -> None:
+    """Have ``hook()`` called in every forked child before ylock is used there: at once after
+    ``os.fork()`` (``os.register_at_fork``), or for a fork made from C (uWSGI's workers), by
+    the first thread of the child that uses ylock, the others waiting meanwhile. Hooks run in
+    the order they were added; they drop what belonged to the parent and never block."""
+    _hooks.append(hook)
+
+
+def check_fork() -> None:
+    """Run the :func:`after_fork` hooks if this process is a child whose fork they missed."""
+    if not _same_process[0]:
+        _new_process()
+
+
+def _new_process() -> None:
+    global _pid
+    pid = os.getpid()
+    # A lock made in this process (never one inherited, possibly held by a thread the fork
+    # left behind): the first thread resets, any other one waits for it to finish.
+    with _resetting.setdefault(pid, threading.Lock()):
+        if _pid == pid and _same_process[0]:
+            return                    # another thread of this process did it meanwhile
+        for other in [p for p in _resetting if p != pid]:
+            _resetting.pop(other, None)
+        for hook in _hooks:
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - one broken hook must not keep the others from running
+                logger.exception("ylock: a reset after fork failed: %r", hook)
+        _pid = pid
+        _same_process[0] = 1          # last: other threads go on only once every hook has run
+
+
 def process_id() -> str:
     """Return this process's id: host, pid and a random part (new after fork)."""
+    if not _same_process[0]:
+        _new_process()
     return _process_id
 
 
 def new_owner() -> str:
     """Return a fresh owner id, unique across processes and hosts."""
+    # Also by the pid: a new thread's or task's first id must be right even where the kernel
+    # took MADV_WIPEONFORK without doing it (an emulated kernel); ids are made rarely.
+    if not _same_process[0] or _pid != os.getpid():
+        _new_process()
     return f"{_process_id}:{next(_ids)}"
 
 
 def current_owner() -> str:
     """Return the owner id of the calling context: its owner scope if it has one, else the
     running asyncio task, else the thread."""
+    if not _same_process[0]:
+        _new_process()
     scoped = _scoped.get()
     if scoped is not None:
         return scoped
@@ -210,12 +310,14 @@ def _host() -> str:
     return _process_id.split(":", 1)[0]
 
 
-def _after_fork_in_child() -> None:
-    # A forked child must not reuse its parent's owner ids: the parent may still hold
-    # locks under them. A new process id and a fresh thread-local make every id new.
-    global _process_id, _local
+def _new_ids() -> None:
+    # A new process id and a fresh thread-local make every id new; tasks that lived in the
+    # parent's event loops do not run here.
+    global _process_id, _local, _task_owners
     _process_id = _new_process_id()
     _local = threading.local()
+    _task_owners = weakref.WeakKeyDictionary()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+after_fork(_new_ids)
+os.register_at_fork(after_in_child=_new_process)

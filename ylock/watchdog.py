@@ -17,19 +17,19 @@ A renewal that finds another owner marks the hold lost at once. A renewal that c
 reach the server is retried; once a whole lease has gone by since the last confirmed
 renewal the server may have expired the hold, so it is marked lost too.
 
-After ``fork()`` the child has no watchdog thread (and no holds): it starts its own when
-it first needs one.
+After a fork the child has no watchdog thread (and no holds): it starts its own when it
+first needs one (also after a fork made from C: :func:`ylock.owner.after_fork`).
 """
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 
 from ylock import events
 from ylock.holds import HOLDS, Engine, Hold, HoldTable, Renewal
+from ylock.owner import after_fork, check_fork
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ class Watchdog:
 
     def ensure_running(self) -> None:
         """Start the thread unless it runs (called when a renewal is scheduled)."""
+        check_fork()
         if self._thread is None:
             with self._start_mutex:
                 if self._thread is None:
@@ -112,4 +113,4 @@ class Watchdog:
 
 
 WATCHDOG = Watchdog()
-os.register_at_fork(after_in_child=WATCHDOG._after_fork)
+after_fork(WATCHDOG._after_fork)

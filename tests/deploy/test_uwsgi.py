@@ -5,8 +5,9 @@ workers and none left once uWSGI has stopped.
 
 Without ``--lazy-apps`` uWSGI loads the app in its master and forks the workers from C,
 which skips Python's fork hooks (``os.register_at_fork``) unless ``--py-call-osafterfork``
-is given: ylock's workers then share their master's owner ids, and two workers' requests
-pass for one owner re-entering the lock (see the xfail below)."""
+is given: ylock notices the new process on the worker's first use instead
+(:func:`ylock.owner.after_fork`), so that no two workers share owner ids (two workers'
+requests would pass for one owner re-entering the lock)."""
 from __future__ import annotations
 
 import signal
@@ -31,15 +32,9 @@ from tests.deploy.helpers import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 REQUESTS = 200
-SHARED_OWNER_IDS = ("ylock's owner ids (ylock/owner.py) are renewed after fork() by os.register_at_fork hooks, "
-                    "which uWSGI's C fork skips: the workers of a preloaded app share their ids")
 
 
-@pytest.mark.parametrize("mode", [
-    "lazy-apps",
-    "py-call-osafterfork",
-    pytest.param("preload", marks=pytest.mark.xfail(strict=True, reason=SHARED_OWNER_IDS)),
-])
+@pytest.mark.parametrize("mode", ["lazy-apps", "py-call-osafterfork", "preload"])
 def test_django_uwsgi_cold_burst_loses_no_update(tmp_path, request, mode):
     site = django_project(tmp_path / "site")
     counter = tmp_path / "counter.txt"

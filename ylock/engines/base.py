@@ -28,7 +28,6 @@ import collections
 import contextlib
 import json
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
@@ -39,7 +38,7 @@ from urllib.parse import parse_qsl
 from ylock.errors import ConfigurationError
 from ylock.holds import LOCK, MODES, PERMIT, READ, SEMAPHORE, WRITE, RenewItem
 from ylock.options import E_ENGINE_URL
-from ylock.owner import holder_stale
+from ylock.owner import after_fork, holder_stale
 from ylock.waiting import Polling
 
 logger = logging.getLogger(__name__)
@@ -120,7 +119,8 @@ class Engine(abc.ABC):
     """Base class of every engine; subclasses document their URL grammar and guarantees.
 
     Engines are cheap to build and connect on first use, so a worker forked from a
-    parent that built one never shares the parent's sockets (:meth:`_after_fork`).
+    parent that built one never shares the parent's sockets (:meth:`_after_fork`, run in
+    the child by :func:`ylock.owner.after_fork`, also for a fork made from C).
     """
 
     #: URL scheme(s) and the short name used in events, metrics and ``ylock list``.
@@ -266,7 +266,7 @@ def _reset_engines_after_fork() -> None:
         engine._after_fork()
 
 
-os.register_at_fork(after_in_child=_reset_engines_after_fork)
+after_fork(_reset_engines_after_fork)
 
 
 def split_url_options(url: str, parsers: dict[str, Callable[[str], Any]]) -> tuple[str, dict[str, Any], dict[str, str]]:

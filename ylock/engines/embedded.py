@@ -374,19 +374,16 @@ def _shutdown(path: str, timeout: float) -> None:
 # -- the user side ------------------------------------------------------------------------
 
 _binary: str | None = None
-_guard = threading.Lock()
+_guards: dict[int, threading.Lock] = {}
 _uses: dict[str, int] = {}   # db -> this process's descriptor of the users file (shared flock held)
 
 
-def _after_fork_in_child() -> None:
-    # The child keeps the inherited descriptors (and so the shared locks: the server stays
-    # up while parent or child lives); only the thread lock must not be inherited held.
-    global _guard
-    _guard = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+def _guard() -> threading.Lock:
+    """This process's lock around :data:`_uses`. A forked child keeps the inherited
+    descriptors (and so the shared locks: the server stays up while parent or child lives),
+    but must not inherit the thread lock held by a thread the fork left behind: one lock per
+    pid, so that a fork made from C (which runs no fork hook) gets its own too."""
+    return _guards.setdefault(os.getpid(), threading.Lock())
 
 
 def check_available() -> str:
@@ -428,7 +425,7 @@ def ensure_server(db_path: str | os.PathLike[str], *, timeout: float = 30.0) -> 
     binary = check_available()
     paths = _checked_paths(db_path)
     deadline = time.monotonic() + timeout
-    with _guard:
+    with _guard():
         fd = _uses.get(paths.db)
         fresh = fd is None
         if fd is None:
@@ -447,7 +444,7 @@ def release(db_path: str | os.PathLike[str]) -> None:
     """This process no longer uses the server of ``db_path``: when no process does, it
     stops. Optional (exit, even SIGKILL, has the same effect); a no-op when not registered.
     Process-wide: call it only when nothing in this process still uses the server."""
-    with _guard:
+    with _guard():
         fd = _uses.pop(_real(db_path), None)
     if fd is not None:
         os.close(fd)          # never LOCK_UN: a forked child may share this lock

@@ -60,6 +60,7 @@ from ylock.engines.base import (
 from ylock.engines.redis_clients import Clients, split_url
 from ylock.engines.redis_direct import AsyncDirectCalls, DirectCalls, NotifyHub
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
+from ylock.owner import check_fork
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +146,7 @@ class RedisEngine(Engine):
     @property
     def client(self) -> Any:
         """The redis-py client, built on first use (after fork, built anew)."""
+        check_fork()
         client = self._client
         if client is None:
             with self._init_lock:
@@ -357,6 +359,7 @@ class RedisEngine(Engine):
     def _async_side(self) -> _AsyncSide:
         """This event loop's client, direct calls and notify hub (asyncio connections belong
         to the loop that made them: one set per loop, dropped with it)."""
+        check_fork()
         loop = asyncio.get_running_loop()
         side = self._async.get(loop)
         if side is None:
@@ -423,6 +426,7 @@ class RedisEngine(Engine):
     def _run(self, name: str, key: str, args: list[Any], timeout: float | None = None) -> Any:
         """EVALSHA a script with one key, loading it again if the server lost it (a
         restart, a failover, SCRIPT FLUSH)."""
+        check_fork()      # a child of a fork made from C must not talk on its parent's sockets
         call = self._call or self._caller()
         script = self._scripts[name]
         try:
