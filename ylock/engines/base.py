@@ -343,23 +343,47 @@ async def arun_steps(steps: Steps, ado: Callable[[Any], Awaitable[Any]],
     """Run ``steps`` with awaitable operations (see :func:`run_steps`). If the awaiting task
     is cancelled, :class:`Abandon` is thrown into the steps and their clean-up runs to its
     end in a task of its own that no further cancellation reaches; then the cancellation
-    goes on."""
+    goes on. A cancellation that a layer below swallowed counts as well (Python 3.11+ can
+    tell): it ends the steps the same way, with :class:`asyncio.CancelledError`."""
+    task = asyncio.current_task()
+    # Cancellations requested before this call, which its caller chose to ride out.
+    cancels = _cancelling(task)
     try:
         op = next(steps)
         while True:
+            error: Exception | None = None
             try:
                 result = await ado(op)
             except asyncio.CancelledError:
-                cleanup = asyncio.ensure_future(_abandon(steps, ado, translate))
-                with contextlib.suppress(asyncio.CancelledError):    # cancelled again: it still runs
-                    await asyncio.shield(cleanup)
+                await _give_up(steps, ado, translate)
                 raise
             except Exception as exc:  # noqa: BLE001 - handed to the steps, which decide
-                op = steps.throw(_translated(translate, exc))
-            else:
-                op = steps.send(result)
+                error = exc
+            if _cancelling(task) > cancels:
+                # The task was cancelled while ``ado`` awaited, but the CancelledError never
+                # came up: Python < 3.12's asyncio.wait_for (which redis-py's asyncio sends use)
+                # drops a cancellation that lands as the awaited call completes. Without this
+                # the cancelled waiter would wait on, or hold the lock nobody will release.
+                await _give_up(steps, ado, translate)
+                raise asyncio.CancelledError
+            op = steps.send(result) if error is None else steps.throw(_translated(translate, error))
     except StopIteration as stop:
         return stop.value
+
+
+def _cancelling(task: asyncio.Task[Any] | None) -> int:
+    """The number of pending cancellation requests of ``task`` (0 before Python 3.11)."""
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling() if cancelling is not None else 0
+
+
+async def _give_up(steps: Steps, ado: Callable[[Any], Awaitable[Any]],
+                   translate: Callable[[Exception], Exception]) -> None:
+    """Run the steps' clean-up (:class:`Abandon`) in a task of its own, to its end, whatever
+    further cancellations reach the caller meanwhile."""
+    cleanup = asyncio.ensure_future(_abandon(steps, ado, translate))
+    with contextlib.suppress(asyncio.CancelledError):    # cancelled again: it still runs
+        await asyncio.shield(cleanup)
 
 
 async def _abandon(steps: Steps, ado: Callable[[Any], Awaitable[Any]],
