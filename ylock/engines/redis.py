@@ -30,10 +30,10 @@ import contextlib
 import functools
 import logging
 import re
+import socket
 import threading
 import time
-import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from importlib import resources
 from typing import Any
 
@@ -128,8 +128,7 @@ class RedisEngine(Engine):
         self._scripts: dict[str, Any] = {}
         self._call: Any = None     # DirectCalls, or the client's execute_command on Cluster
         self._init_lock = threading.Lock()
-        self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncSide] = \
-            weakref.WeakKeyDictionary()
+        self._async: dict[asyncio.AbstractEventLoop, _AsyncSide] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisEngine:
@@ -175,7 +174,7 @@ class RedisEngine(Engine):
         self._client = None
         self._call = None
         self._init_lock = threading.Lock()
-        self._async = weakref.WeakKeyDictionary()
+        self._async = {}          # the parent's loops do not run here; their sockets are the parent's
 
     def close(self) -> None:
         client, self._client = self._client, None
@@ -183,6 +182,10 @@ class RedisEngine(Engine):
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
+        for loop in list(self._async):
+            side = self._async.pop(loop, None)
+            if side is not None:
+                side.close_soon(loop)
 
     @contextlib.contextmanager
     def _errors(self, group: str | None = None, name: str | None = None) -> Iterator[None]:
@@ -343,12 +346,12 @@ class RedisEngine(Engine):
     async def aacquire(self, request: AcquireRequest) -> int | None:
         r = request
         key, args = self._request(r)
-        side = self._async_side()
+        side = self._async.get(asyncio.get_running_loop()) or await self._open_side()
         return await arun_steps(self._acquire_steps(r, key, args, None),  # type: ignore[no-any-return]
                                 functools.partial(self._ado, side), lambda exc: self._translate(exc, r.group, r.name))
 
     async def arelease(self, group: str, name: str, owner: str, mode: str) -> bool:
-        side = self._async_side()
+        side = self._async.get(asyncio.get_running_loop()) or await self._open_side()
         try:
             reply = await self._arun(side, _RELEASE[mode], self._key(group, name, mode), _release_args(owner, mode),
                                      self.socket_timeout)
@@ -356,23 +359,48 @@ class RedisEngine(Engine):
             raise self._translate(exc, group, name) from exc
         return self._released(group, name, reply)
 
-    def _async_side(self) -> _AsyncSide:
-        """This event loop's client, direct calls and notify hub (asyncio connections belong
-        to the loop that made them: one set per loop, dropped with it)."""
+    async def _open_side(self) -> _AsyncSide:
+        """Return this event loop's client, direct calls and notify hub, made on its first use
+        here (asyncio connections belong to the loop that made them: one set per loop).
+
+        They must not outlive their loop: under WSGI every async view runs in a loop of its
+        own (Flask, Django under gunicorn: asgiref's ``asyncio.run`` per request), and its
+        connections would stay open for good. They close when the loop shuts down, in the loop:
+        an async generator started here is among the ones the loop closes before it closes
+        itself (``loop.shutdown_asyncgens()``, which ``asyncio.run``, ``asyncio.Runner`` and
+        asgiref call), and its ``finally`` closes the side. Not at garbage collection: the
+        connections keep their loop alive (transports refer to it), so a finalizer would wait
+        for the cycle collector, which may come much later, or never before the fds run out.
+        A loop closed without that shutdown (``loop.close()`` alone) cannot run anything any
+        more: the sockets of its side are closed without it when the next loop opens a side
+        or the engine is closed."""
         check_fork()
         loop = asyncio.get_running_loop()
         side = self._async.get(loop)
-        if side is None:
-            self.client  # noqa: B018 - registers the scripts (their SHAs) once
-            client = self.clients.build_async()
-            pool = getattr(client, "connection_pool", None)
-            if pool is None:        # Cluster: redis-py routes; waiters poll (no multi-key BLPOP across slots)
-                side = _AsyncSide(client, _async_cluster_call(client), None)
-            else:
-                calls = AsyncDirectCalls(pool)
-                side = _AsyncSide(client, calls, NotifyHub(pool, calls) if self.notify else None)
-            self._async[loop] = side
+        if side is not None:
+            return side
+        self._close_dead_sides()
+        self.client  # noqa: B018 - registers the scripts (their SHAs) once
+        client = self.clients.build_async()
+        pool = getattr(client, "connection_pool", None)
+        if pool is None:        # Cluster: redis-py routes; waiters poll (no multi-key BLPOP across slots)
+            side = _AsyncSide(client, _async_cluster_call(client), None)
+        else:
+            calls = AsyncDirectCalls(pool)
+            side = _AsyncSide(client, calls, NotifyHub(pool, calls) if self.notify else None)
+        self._async[loop] = side
+        closer = _closed_with_loop(self, loop, side)
+        await closer.asend(None)     # now the loop's: its shutdown_asyncgens() closes it
+        side.closer = closer
         return side
+
+    def _close_dead_sides(self) -> None:
+        """Close the sides of loops that were closed without shutting down their async
+        generators (their sockets, without the loop, which can no longer run anything)."""
+        for loop in [loop for loop in list(self._async) if loop.is_closed()]:
+            side = self._async.pop(loop, None)
+            if side is not None:
+                side.close_now()
 
     async def _ado(self, side: _AsyncSide, op: tuple[Any, ...]) -> Any:
         """Do one operation of the steps, awaiting it (the asyncio world's executor)."""
@@ -600,14 +628,70 @@ def _release_args(owner: str, mode: str) -> list[str]:
 
 
 class _AsyncSide:
-    """One event loop's share of an engine: its asyncio client, direct calls, notify hub."""
+    """One event loop's share of an engine: its asyncio client, direct calls, notify hub,
+    closed with the loop (see :meth:`RedisEngine._open_side`)."""
 
-    __slots__ = ("client", "calls", "hub", "__weakref__")
+    __slots__ = ("client", "calls", "hub", "closer", "__weakref__")
 
     def __init__(self, client: Any, calls: Any, hub: NotifyHub | None) -> None:
         self.client = client
         self.calls = calls
         self.hub = hub
+        self.closer: Any = None     # the async generator whose closing closes this side
+
+    async def aclose(self) -> None:
+        """Close every connection of the side (in its loop)."""
+        if self.hub is not None:
+            await self.hub.aclose()
+        pool = getattr(self.client, "connection_pool", None)
+        with contextlib.suppress(Exception):
+            if pool is not None:
+                await pool.disconnect()      # the direct calls' connections count as in use there
+            await self.client.aclose()
+
+    def close_now(self) -> None:
+        """Close the side's sockets without its loop (which is closed: nothing can run in it)."""
+        pool = getattr(self.client, "connection_pool", None)
+        if pool is not None:
+            connections = [*getattr(pool, "_available_connections", ()), *getattr(pool, "_in_use_connections", ())]
+            for conn in connections:
+                _close_socket(conn)
+        self.closer = None
+
+    def close_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Have the side closed in ``loop`` (from any thread), or now if it is closed."""
+        if loop.is_closed():
+            self.close_now()
+            return
+        with contextlib.suppress(RuntimeError):      # closed meanwhile: its sockets go with it
+            loop.call_soon_threadsafe(lambda: loop.create_task(self.aclose()))
+
+
+async def _closed_with_loop(engine: RedisEngine, loop: asyncio.AbstractEventLoop,
+                            side: _AsyncSide) -> AsyncGenerator[None, None]:
+    """Suspended for the life of ``loop``; closed by its ``shutdown_asyncgens()``, it closes
+    ``side`` (see :meth:`RedisEngine._open_side`)."""
+    try:
+        yield
+    finally:
+        if engine._async.get(loop) is side:
+            del engine._async[loop]
+        await side.aclose()
+
+
+def _close_socket(conn: Any) -> None:
+    """Close a ``redis.asyncio`` connection's socket without its (closed) event loop."""
+    writer = getattr(conn, "_writer", None)
+    if writer is None:
+        return
+    sock = writer.get_extra_info("socket")          # asyncio's TransportSocket, which has no close()
+    with contextlib.suppress(OSError):
+        raw = getattr(sock, "_sock", None)
+        if raw is not None:
+            raw.close()
+        elif sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)         # at least the server lets go of it
+    conn._reader = conn._writer = None
 
 
 def _async_cluster_call(client: Any) -> Any:

@@ -25,6 +25,7 @@ Redis Cluster keeps redis-py's own path (it routes by slot and follows ``MOVED``
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -192,11 +193,13 @@ class NotifyHub:
         elif key not in self._blocking and not self._unblocking:
             self._unblocking = True
             loop.call_soon(self._unblock)            # once per loop turn, however many joined
+        # A timer rather than asyncio.wait_for, which before Python 3.12 drops a cancellation
+        # that lands as the future completes (the task would wait on).
+        timer = loop.call_later(timeout, _settle, future, None)
         try:
-            return await self._asyncio.wait_for(self._asyncio.shield(future), timeout)
-        except self._asyncio.TimeoutError:
-            return None
+            return await future
         finally:
+            timer.cancel()
             if self.waiting.get(key) is future:
                 del self.waiting[key]
             if not self.waiting and self._task is not None and not self._task.done():
@@ -204,6 +207,16 @@ class NotifyHub:
                 # server stops popping for it), rather than leave a task pending in a loop
                 # that may be about to close (a Flask async view's loop lives one request).
                 self._task.cancel()
+
+    async def aclose(self) -> None:
+        """Stop blocking and give the connection back (the loop is shutting down)."""
+        for future in list(self.waiting.values()):
+            _settle(future, None)
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
     def _unblock(self) -> None:
         self._unblocking = False
@@ -234,17 +247,21 @@ class NotifyHub:
                 if reply:
                     key = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
                     future = self.waiting.pop(key, None)
-                    if future is not None and not future.done():
-                        future.set_result(reply)
+                    if future is not None:
+                        _settle(future, reply)
         except (Exception, self._asyncio.CancelledError):  # noqa: BLE001 - the waiters poll on
             if self._conn is not None:
                 await self._conn.disconnect(nowait=True)
                 await self.pool.release(self._conn)
                 self._conn, self._client_id = None, None
             for future in list(self.waiting.values()):
-                if not future.done():
-                    future.set_result(None)
+                _settle(future, None)
         finally:
             if self._conn is not None and not self.waiting:
                 conn, self._conn, self._client_id = self._conn, None, None
                 await self.pool.release(conn)
+
+
+def _settle(future: Any, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
