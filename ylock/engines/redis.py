@@ -17,6 +17,18 @@ so a handoff costs the waiter no further round trip. Polling (``ylock.Polling``)
 the fallback and bounds the cost of a lost notification to one poll interval; a waiter
 never sleeps past the holders' remaining lease. No pub/sub.
 
+Connections: each engine makes at most ``max_connections`` per process (redis-py's option:
+a query parameter of ``redis://`` and ``rediss://`` URLs, a keyword argument elsewhere;
+redis-py 8's default is 100), and as many again in each event loop that uses it. The lock
+path (acquire, release, a waiter's tries) takes all of them but a reserve (a quarter, at
+most 8) that the watchdog's renewals, ``describe()`` and the statistics keep, so that a
+renewal always finds one; each lock call holds a connection for one round trip, and one
+that finds them all busy waits for one within its timeout. Waiting holds no connection:
+the waiting threads (or greenlets) of a process share one blocking pop, run by a thread of
+its own while anybody waits, and the waiting tasks of an event loop another. The pool thus
+bounds the round trips in flight, not the waiters: 300 threads wait on the default pool.
+A loop's connections close when it shuts down (see :meth:`RedisEngine._open_side`).
+
 Guarantees: exclusion holds while the Redis primary that holds the keys keeps them.
 Leases are Redis-time (PEXPIRE/TIME in scripts), renewed by the process watchdog; a
 holder paused past its lease loses the lock (``lock.lost``, ``LockLost`` at release), so
@@ -58,7 +70,7 @@ from ylock.engines.base import (
     run_steps,
 )
 from ylock.engines.redis_clients import Clients, split_url
-from ylock.engines.redis_direct import AsyncDirectCalls, DirectCalls, NotifyHub
+from ylock.engines.redis_direct import AsyncDirectCalls, DirectCalls, NotifyHub, ThreadNotifyHub
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
 from ylock.owner import check_fork
 
@@ -127,6 +139,7 @@ class RedisEngine(Engine):
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
         self._call: Any = None     # DirectCalls, or the client's execute_command on Cluster
+        self._hub: ThreadNotifyHub | None = None     # where threads wait for grants (not on Cluster)
         self._init_lock = threading.Lock()
         self._async: dict[asyncio.AbstractEventLoop, _AsyncSide] = {}
 
@@ -155,7 +168,11 @@ class RedisEngine(Engine):
                     # must also see its scripts.
                     self._scripts = {name: client.register_script(self._fill(src)) for name, src in _SOURCES.items()}
                     pool = getattr(client, "connection_pool", None)
-                    self._call = _cluster_call(client) if pool is None else DirectCalls(pool)
+                    if pool is None:
+                        self._call, self._hub = _cluster_call(client), None
+                    else:
+                        self._call = DirectCalls(pool)
+                        self._hub = ThreadNotifyHub(self._call) if self.notify else None
                     self._client = client
                 client = self._client
         return client
@@ -173,12 +190,14 @@ class RedisEngine(Engine):
         # but dropping the client is simpler and covers Sentinel and Cluster too.
         self._client = None
         self._call = None
+        self._hub = None
         self._init_lock = threading.Lock()
         self._async = {}          # the parent's loops do not run here; their sockets are the parent's
 
     def close(self) -> None:
         client, self._client = self._client, None
         self._call = None
+        self._hub = None          # its thread ends when the connections close under it
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
@@ -257,8 +276,13 @@ class RedisEngine(Engine):
                 raise self._translate(exc, r.group, r.name) from exc
             if reply.__class__ is int:
                 return reply
-        return run_steps(self._acquire_steps(r, key, args, reply), self._do,  # type: ignore[no-any-return]
-                         lambda exc: self._translate(exc, r.group, r.name))
+        try:
+            return run_steps(self._acquire_steps(r, key, args, reply), self._do,  # type: ignore[no-any-return]
+                             lambda exc: self._translate(exc, r.group, r.name))
+        finally:
+            hub = self._hub
+            if hub is not None:
+                hub.leave(_notify_key(key, r.owner))
 
     def _acquire_steps(self, r: AcquireRequest, key: str, args: list[Any], reply: Any) -> Steps:
         """The rest of an acquisition, after the first reply (None: not tried yet): queueing,
@@ -270,7 +294,7 @@ class RedisEngine(Engine):
         waiter_lease = r.polling.waiter_lease
         fair = args[2][0]
         intervals = r.polling.intervals()
-        notify_key = f"{key[:-2]}:n:{r.owner}"
+        notify_key = _notify_key(key, r.owner)
         end = None if r.deadline is None else r.deadline + self.socket_timeout
         unreachable_since: float | None = None
         queued = False
@@ -445,6 +469,9 @@ class RedisEngine(Engine):
         if kind == "acquire":
             return self._acquire_call(op[1], op[2], op[3], op[4])
         if kind == "pop":
+            hub = self._hub
+            if hub is not None:
+                return hub.wait(op[1], op[2])     # no connection held while waiting
             return (self._call or self._caller())("BLPOP", op[1], op[2], timeout=op[3])
         if kind == "release":
             return self._run(op[1], op[2], op[3], op[4])
@@ -621,6 +648,11 @@ class RedisEngine(Engine):
 #: The scripts that acquire and release in each mode, and their release arguments.
 _ACQUIRE = {WRITE: "acquire", READ: "acquire", PERMIT: "sem_acquire"}
 _RELEASE = {WRITE: "release", READ: "release", PERMIT: "sem_release"}
+
+
+def _notify_key(key: str, owner: str) -> str:
+    """The notify list of ``owner`` waiting for the lock (or semaphore) of x key ``key``."""
+    return f"{key[:-2]}:n:{owner}"
 
 
 def _release_args(owner: str, mode: str) -> list[str]:

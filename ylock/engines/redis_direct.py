@@ -19,42 +19,73 @@ its commands through :class:`DirectCalls` instead, which keeps the same semantic
   timeout before redis-py 8), so that an acquisition ends within its deadline plus one
   socket timeout whatever the server or the network does;
 * an error reply (``NOSCRIPT``, a script error) leaves the connection clean and usable;
-  anything else (an interrupt mid-reply) disconnects it, so no stale reply is ever read.
+  anything else (an interrupt mid-reply) disconnects it, so no stale reply is ever read;
+* the lock path takes at most the pool's ``max_connections`` less a reserve
+  (:func:`lock_path_share`), which the client's own calls keep (the watchdog's renewals,
+  ``describe()``, statistics): however many threads call at once, a renewal finds a
+  connection. A call that finds them all busy waits for one to come back, within its
+  ``timeout``, rather than fail with "Too many connections" (each is busy for one round
+  trip: waiting threads hold none, see :class:`ThreadNotifyHub`).
+
+Waiters do not hold a connection while they wait: the waiting threads of a process share
+one blocking ``BLPOP`` (:class:`ThreadNotifyHub`), the waiting tasks of an event loop
+another (:class:`NotifyHub`).
 
 Redis Cluster keeps redis-py's own path (it routes by slot and follows ``MOVED``).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import threading
 import time
 from typing import Any
 
 import redis.exceptions as rex
 
+#: Connections of a pool that the lock path leaves to the client's own calls, at most.
+RESERVE = 8
+
+
+def lock_path_share(max_connections: int | None) -> int:
+    """How many of a pool's ``max_connections`` the lock path may take: all but a reserve
+    (:data:`RESERVE`, or a quarter of a small pool, at least one) for the client's own calls."""
+    if not max_connections or max_connections >= 2 ** 31 - 1:
+        return 2 ** 31 - 1
+    return max(1, max_connections - max(1, min(RESERVE, max_connections // 4)))
+
+
+def _busy(share: int) -> rex.ConnectionError:
+    return rex.ConnectionError(f"all {share} connections of the lock path stayed busy for the call's whole time "
+                               "(raise max_connections?)")
+
 
 class DirectCalls:
     """Send commands over ``pool``'s connections without redis-py's per-command layers."""
 
-    __slots__ = ("pool", "idle")
+    __slots__ = ("pool", "idle", "share", "made", "starved", "_freed", "_wait")
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.idle: list[Any] = []
+        #: The most connections this takes from the pool (:func:`lock_path_share`).
+        self.share = lock_path_share(getattr(pool, "max_connections", None))
+        self.made = 0                                 # connections taken from the pool so far
+        self.starved = 0                              # callers waiting for one to come back
+        self._freed = threading.Condition(threading.Lock())
+        #: How long a call without a timeout waits for a connection (the socket timeout).
+        self._wait = float(getattr(pool, "connection_kwargs", {}).get("socket_timeout") or 2.0)
 
     def __call__(self, *args: Any, timeout: float | None = None) -> Any:
         """Send one command and return its raw reply (no response callbacks: the lock path
         only sends EVALSHA and BLPOP, whose replies redis-py does not convert). The whole
-        call, a reconnection included, ends within ``timeout`` seconds (default: the
-        connection's socket timeout)."""
-        idle = self.idle
-        try:
-            conn = idle.pop()
-        except IndexError:
-            try:
-                conn = self.pool.get_connection()     # redis-py 8 connects here
-            except rex.ResponseError as exc:
-                raise rex.ConnectionError(f"the server refused to set up the connection: {exc}") from exc
+        call, waiting for a free connection and a reconnection included, ends within
+        ``timeout`` seconds (default: the connection's socket timeout)."""
         end = None if timeout is None else time.monotonic() + timeout
+        try:
+            conn = self.idle.pop()
+        except IndexError:
+            conn = self.checkout(end)
         try:
             try:
                 _send(conn, args, end)
@@ -64,14 +95,52 @@ class DirectCalls:
                 _send(conn, args, end)      # connects anew, once, within what is left
                 reply = conn.read_response()
         except rex.ResponseError:
-            idle.append(conn)          # an error reply was read whole: the connection is fine
+            self.checkin(conn)         # an error reply was read whole: the connection is fine
             raise
         except BaseException:
             conn.disconnect()          # the next use connects anew; no half-read reply survives
-            idle.append(conn)
+            self.checkin(conn)
             raise
-        idle.append(conn)
+        self.checkin(conn)
         return reply
+
+    def checkout(self, end: float | None) -> Any:
+        """Return a connection of the lock path's share for the caller's own use (give it
+        back with :meth:`checkin`): an idle one, a new one while the share is not all taken,
+        else the first to come back before ``end`` (monotonic; None: one socket timeout)."""
+        with self._freed:
+            making = self.made < self.share
+            if making:
+                self.made += 1
+            else:
+                self.starved += 1
+                try:
+                    deadline = time.monotonic() + self._wait if end is None else end
+                    while True:
+                        try:
+                            return self.idle.pop()
+                        except IndexError:
+                            left = deadline - time.monotonic()
+                            if left <= 0:
+                                raise _busy(self.share) from None
+                            self._freed.wait(left)
+                finally:
+                    self.starved -= 1
+        try:
+            return self.pool.get_connection()     # redis-py 8 connects here
+        except BaseException as exc:
+            with self._freed:
+                self.made -= 1
+            if isinstance(exc, rex.ResponseError):
+                raise rex.ConnectionError(f"the server refused to set up the connection: {exc}") from exc
+            raise
+
+    def checkin(self, conn: Any) -> None:
+        """Give back a connection (to the free list; a caller waiting for one gets it)."""
+        self.idle.append(conn)
+        if self.starved:              # read without the lock: see checkout, which counts itself in first
+            with self._freed:
+                self._freed.notify()
 
 
 def _send(conn: Any, args: tuple[Any, ...], end: float | None) -> None:
@@ -106,23 +175,28 @@ def _connect(conn: Any, left: float | None) -> None:
 
 class AsyncDirectCalls:
     """:class:`DirectCalls` for asyncio (``redis.asyncio``'s connections of one event loop):
-    the same free list, one reconnection, an error reply keeping the connection, a call
-    bounded by its ``timeout``. A call cancelled or timed out mid-reply disconnects its
+    the same free list and share of the pool (a call that finds it all busy waits for a
+    connection to come back), one reconnection, an error reply keeping the connection, a
+    call bounded by its ``timeout``. A call cancelled or timed out mid-reply disconnects its
     connection, so no late reply is ever read by the next call."""
 
-    __slots__ = ("pool", "idle")
+    __slots__ = ("pool", "idle", "share", "made", "starved", "_wait")
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.idle: list[Any] = []
+        self.share = lock_path_share(getattr(pool, "max_connections", None))
+        self.made = 0
+        self.starved: collections.deque[Any] = collections.deque()    # futures of callers waiting
+        self._wait = float(getattr(pool, "connection_kwargs", {}).get("socket_timeout") or 2.0)
 
     async def __call__(self, *args: Any, timeout: float | None = None) -> Any:
+        end = None if timeout is None else time.monotonic() + timeout
         idle = self.idle
         try:
             conn = idle.pop()
         except IndexError:
-            conn = await self._connection()
-        end = None if timeout is None else time.monotonic() + timeout
+            conn = await self.checkout(end)
         try:
             try:
                 await conn.send_command(*args, check_health=False)
@@ -132,20 +206,53 @@ class AsyncDirectCalls:
                 await conn.send_command(*args, check_health=False)   # connects anew, once
                 reply = await conn.read_response(timeout=_left(end))
         except rex.ResponseError:
-            idle.append(conn)
+            self.checkin(conn)
             raise
         except BaseException:
             await conn.disconnect(nowait=True)
-            idle.append(conn)
+            self.checkin(conn)
             raise
-        idle.append(conn)
+        self.checkin(conn)
         return reply
 
-    async def _connection(self) -> Any:
-        try:
-            return await self.pool.get_connection()
-        except rex.ResponseError as exc:
-            raise rex.ConnectionError(f"the server refused to set up the connection: {exc}") from exc
+    async def checkout(self, end: float | None) -> Any:
+        """:meth:`DirectCalls.checkout` in the event loop."""
+        import asyncio
+
+        if self.made < self.share:
+            self.made += 1
+            try:
+                return await self.pool.get_connection()
+            except BaseException as exc:
+                self.made -= 1
+                if isinstance(exc, rex.ResponseError):
+                    raise rex.ConnectionError(f"the server refused to set up the connection: {exc}") from exc
+                raise
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self._wait if end is None else end
+        while not self.idle:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _busy(self.share)
+            future = loop.create_future()
+            self.starved.append(future)
+            timer = loop.call_later(left, _settle, future, None)
+            try:
+                await future
+            finally:
+                timer.cancel()
+                with contextlib.suppress(ValueError):
+                    self.starved.remove(future)
+        return self.idle.pop()
+
+    def checkin(self, conn: Any) -> None:
+        """Give back a connection (a task waiting for one gets it)."""
+        self.idle.append(conn)
+        while self.starved:
+            future = self.starved.popleft()
+            if not future.done():
+                future.set_result(None)
+                break
 
 
 def _left(end: float | None) -> float | None:
@@ -155,6 +262,122 @@ def _left(end: float | None) -> float | None:
     if left <= 0:
         raise rex.TimeoutError("no time left for the call")
     return left
+
+
+class _Slot:
+    """One waiting thread's place in a :class:`ThreadNotifyHub`: what was popped for it."""
+
+    __slots__ = ("event", "value")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.value: Any = None
+
+
+class ThreadNotifyHub:
+    """Where the waiting threads (or greenlets) of one process wait for their grants: one
+    connection, in a thread of its own while anybody waits, blocked in one ``BLPOP`` over
+    every waiting thread's notify list, instead of a connection per waiting thread (a pool
+    of 100 would stop the 101st waiter, and the holder's release after it).
+
+    A thread waits (:meth:`wait`) between its tries; its key stays in the ``BLPOP`` from its
+    first wait until it stops waiting (:meth:`leave`), so that its tries do not change the
+    keys each time. A thread that starts waiting while the hub is blocked has it unblocked
+    (``CLIENT UNBLOCK`` from another connection: the new key is watched at once; should the
+    unblock come before the ``BLPOP`` it was meant for, the thread's next try, within one
+    poll interval, finds the grant). A value popped while its thread was trying again waits
+    for its next :meth:`wait`; a grant is only a wake-up: it lives in the lock's own keys,
+    which the next try reads. If the hub's connection fails, every waiter is woken to try
+    again (and finds out whether the server is there)."""
+
+    #: Seconds a BLPOP blocks before it is sent again (a safety net, not a poll).
+    BLOCK = 5.0
+
+    def __init__(self, calls: DirectCalls) -> None:
+        self.calls = calls
+        self.waiting: dict[str, _Slot] = {}          # notify key -> its thread's slot
+        self._mutex = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._client_id: int | None = None
+        self._blocking: frozenset[str] = frozenset()  # the keys of the BLPOP in flight
+        self._unblocking = False
+        self._block = self.BLOCK
+
+    def wait(self, key: str, timeout: float) -> Any:
+        """Wait up to ``timeout`` s for a value pushed to ``key``; return it, or None."""
+        client_id = None
+        with self._mutex:
+            slot = self.waiting.get(key)
+            if slot is None:
+                slot = self.waiting[key] = _Slot()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ylock-notify", daemon=True)
+                self._thread.start()
+            elif self._blocking and key not in self._blocking and not self._unblocking:
+                self._unblocking = True          # one unblock for every thread that joins meanwhile
+                client_id = self._client_id
+        if client_id is not None:
+            self._unblock(client_id)
+        slot.event.wait(timeout)
+        with self._mutex:
+            value, slot.value = slot.value, None
+            slot.event.clear()
+        return value
+
+    def leave(self, key: str) -> None:
+        """The thread waiting on ``key`` stopped waiting (acquired, gave up, or failed)."""
+        with self._mutex:
+            self.waiting.pop(key, None)
+
+    def _unblock(self, client_id: int) -> None:
+        try:
+            self.calls("CLIENT", "UNBLOCK", client_id)
+        except rex.ResponseError:
+            self._block = 0.05          # no permission to unblock (ACL): block briefly instead
+        except rex.RedisError:
+            pass                        # the hub finds out on its own connection
+        finally:
+            self._unblocking = False
+
+    def _run(self) -> None:
+        conn = None
+        try:
+            while True:
+                if conn is None:
+                    conn = self.calls.checkout(None)
+                    _send(conn, ("CLIENT", "ID"), time.monotonic() + 5.0)
+                    client_id = int(conn.read_response())
+                with self._mutex:
+                    if not self.waiting:
+                        self._thread = None       # under the lock: a new waiter starts another
+                        return
+                    keys = list(self.waiting)
+                    self._blocking = frozenset(keys)
+                    self._client_id = client_id
+                try:
+                    _send(conn, ("BLPOP", *keys, self._block), time.monotonic() + self._block + 5.0)
+                    reply = conn.read_response()
+                finally:
+                    with self._mutex:
+                        self._blocking = frozenset()
+                if reply:
+                    key = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
+                    with self._mutex:
+                        slot = self.waiting.get(key)
+                        if slot is not None:
+                            slot.value = reply
+                            slot.event.set()
+        except BaseException:  # noqa: BLE001 - the waiters try again (and see the error themselves)
+            with self._mutex:
+                self._thread = None
+                self._blocking = frozenset()
+                for slot in self.waiting.values():
+                    slot.event.set()
+            if conn is not None:
+                conn.disconnect()
+        finally:
+            if conn is not None:
+                self.calls.checkin(conn)
 
 
 class NotifyHub:
@@ -234,7 +457,7 @@ class NotifyHub:
         try:
             while self.waiting:
                 if self._conn is None:
-                    self._conn = await self.pool.get_connection()
+                    self._conn = await self.calls.checkout(None)
                     await self._conn.send_command("CLIENT", "ID", check_health=False)
                     self._client_id = int(await self._conn.read_response(timeout=5.0))
                 keys = list(self.waiting)
@@ -252,14 +475,14 @@ class NotifyHub:
         except (Exception, self._asyncio.CancelledError):  # noqa: BLE001 - the waiters poll on
             if self._conn is not None:
                 await self._conn.disconnect(nowait=True)
-                await self.pool.release(self._conn)
+                self.calls.checkin(self._conn)
                 self._conn, self._client_id = None, None
             for future in list(self.waiting.values()):
                 _settle(future, None)
         finally:
             if self._conn is not None and not self.waiting:
                 conn, self._conn, self._client_id = self._conn, None, None
-                await self.pool.release(conn)
+                self.calls.checkin(conn)
 
 
 def _settle(future: Any, value: Any) -> None:
