@@ -62,8 +62,9 @@ def server_cpu(client: redis.Redis) -> float:
 def measure(func: Callable[[], Any], seconds: float, server: redis.Redis | None = None) -> dict[str, float]:
     """Call ``func`` for about ``seconds``; return calls per second of wall time (``rate``),
     microseconds of this thread's CPU per call (``cpu_us``) and, with ``server``, of the
-    Redis server's main thread per call (``server_us``). The CPU figures barely move when
-    other processes share the machine; the wall rate does."""
+    Redis server's main thread per call (``server_us``). When other processes share the
+    machine the CPU figures move less than the wall rate, but they move too (on a VM a busy
+    host costs cache and cycles): compare them within one run."""
     func()
     before = server_cpu(server) if server is not None else 0.0
     ops, began, cpu = 0, time.perf_counter(), time.thread_time()

@@ -349,7 +349,7 @@ def markdown(r: dict[str, Any]) -> str:
     if "uncontended" in r:
         lines += ["**Uncontended acquire+release, one client** (pairs/s; `vs floor` = 2 × pairs/s ÷ Redis "
                   "round trips/s, 1.0 means two bare round trips; CPU µs per pair of the client's thread and of "
-                  "the Redis server's main thread, medians: they move little when other work shares the machine)",
+                  "the Redis server's main thread, medians: on a busy machine they move less than pairs/s)",
                   "", "| case | median | min | max | vs floor | client CPU µs | server CPU µs |",
                   "|---|---:|---:|---:|---:|---:|---:|"]
         for name, row in r["uncontended"].items():
