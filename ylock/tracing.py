@@ -15,7 +15,10 @@ waited for, so a trace viewer shows who blocked whom, across processes.
 How the links are found: with tracing on, an acquisition first tries once without
 waiting; only if that fails does it read the lock's holders (one request) before it
 waits. Without tracing enabled none of this runs: the lock path checks one module
-attribute. See ``bench/`` for the measured cost.
+attribute. Enabled while OpenTelemetry has no tracer provider configured (the API alone,
+or the SDK not set up yet), an acquisition checks that once and goes the untraced way; a
+provider set later is picked up by the next acquisition. See ``bench/`` for the measured
+cost.
 """
 from __future__ import annotations
 
@@ -36,16 +39,29 @@ ACTIVE: Tracing | None = None
 class Tracing:
     """Spans for one tracer (see the module docstring)."""
 
-    def __init__(self, tracer: Any) -> None:
+    def __init__(self, tracer: Any, provider: Any = None) -> None:
+        """``provider``: the tracer provider given to :func:`enable`; None: the global one,
+        looked up on each acquisition (it may be set after ``enable()``)."""
         from opentelemetry import trace
         from opentelemetry.propagators.textmap import DefaultGetter, DefaultSetter
+        from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Status, StatusCode
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.tracer = tracer
         self._trace = trace
+        self._status, self._code = Status, StatusCode
+        self._no_provider = (NoOpTracerProvider, ProxyTracerProvider)
+        self._fixed = None if provider is None else not isinstance(provider, self._no_provider)
         self._propagator = TraceContextTextMapPropagator()
         self._getter: Any = DefaultGetter()
         self._setter: Any = DefaultSetter()
+
+    def on(self) -> bool:
+        """Whether spans would go anywhere: a tracer provider is configured (the global one
+        is a proxy that does nothing until the application sets one)."""
+        if self._fixed is not None:
+            return self._fixed
+        return not isinstance(self._trace.get_tracer_provider(), self._no_provider)
 
     # -- the trace context stored with a hold ------------------------------------------------
 
@@ -87,8 +103,7 @@ class Tracing:
                                       attributes=self._attributes(target, mode), start_time=started_ns)
 
     def _finish_wait(self, span: Any, token: int | None, error: BaseException | None) -> None:
-        from opentelemetry.trace import Status, StatusCode
-
+        Status, StatusCode = self._status, self._code   # noqa: N806 - OpenTelemetry's names
         if error is not None:
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, str(error)))
@@ -104,6 +119,8 @@ class Tracing:
     def acquire(self, target: _Holding, mode: str, owner: str, deadline: float | None,
                 context: Mapping[str, Any] | None) -> int | None:
         """An engine acquisition with its wait span (blocking)."""
+        if not self.on():
+            return target.engine.acquire(target._request(mode, owner, deadline, context))
         context = self.context(context)
         started_ns = time.time_ns()
         token: int | None = None
@@ -122,6 +139,8 @@ class Tracing:
     async def aacquire(self, target: _Holding, mode: str, owner: str, deadline: float | None,
                        context: Mapping[str, Any] | None) -> int | None:
         """:meth:`acquire` from an asyncio task."""
+        if not self.on():
+            return await target.engine.aacquire(target._request(mode, owner, deadline, context))
         context = self.context(context)
         started_ns = time.time_ns()
         token: int | None = None
@@ -140,7 +159,9 @@ class Tracing:
     # -- holds ---------------------------------------------------------------------------------
 
     def held(self, target: _Holding, hold: Hold, mode: str) -> Any:
-        """Start the hold span of a first acquisition."""
+        """Start the hold span of a first acquisition (None while no provider is configured)."""
+        if not self.on():
+            return None
         return self.tracer.start_span(f"ylock hold {target.group}/{target.name}",
                                       attributes={**self._attributes(target, mode), "ylock.token": hold.token})
 
@@ -165,7 +186,7 @@ def enable(tracer_provider: Any = None) -> Tracing:
     from ylock import __version__
 
     provider = tracer_provider or trace.get_tracer_provider()
-    ACTIVE = Tracing(provider.get_tracer("ylock", __version__))
+    ACTIVE = Tracing(provider.get_tracer("ylock", __version__), tracer_provider)
     return ACTIVE
 
 

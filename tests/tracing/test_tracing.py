@@ -115,3 +115,43 @@ def test_no_tracing_no_spans_and_no_extra_round_trip(redis_engine, group) -> Non
     assert runner.outcome() is False
     holder.unlock()
     assert calls == []
+
+
+GLOBAL_PROVIDER = textwrap.dedent("""
+    import sys
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    import ylock, ylock.tracing
+
+    engine = ylock.engine_from_url(sys.argv[1])
+    calls = []
+    original = engine.describe_lock
+    engine.describe_lock = lambda *a, **k: calls.append(a) or original(*a, **k)
+    ylock.tracing.enable()                       # no provider configured yet: the API's proxy
+    holder = ylock.Lock(engine, sys.argv[2], "n")
+    holder.lock()
+    waiter = ylock.Lock(engine, sys.argv[2], "n")
+    import threading
+    t = threading.Thread(target=lambda: waiter.try_lock(0.1)); t.start(); t.join()
+    holder.unlock()
+    print("untraced", len(calls))                # no holders read for links: the untraced path
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)          # the application configures OpenTelemetry later
+    with holder.write():
+        pass
+    print("spans", sorted(s.name.split()[1] for s in exporter.get_finished_spans()))
+""")
+
+
+def test_enabled_before_a_provider_is_configured_costs_nothing_until_one_is(redis_server, group) -> None:
+    """``enable()`` while OpenTelemetry has no provider: acquisitions go the untraced way (no
+    read of the holders for links, no spans); once the application sets a provider, the next
+    acquisition is traced (in a child process: the global provider can be set once)."""
+    done = subprocess.run([sys.executable, "-c", GLOBAL_PROVIDER, redis_server.url, group], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["untraced 0", "spans ['hold', 'wait']"], done.stdout
