@@ -1,7 +1,7 @@
 """More threads (or greenlets) of one process waiting for one lock than the connection pool
-holds (redis-py 8's default: 100): waiting takes no connection (the threads share one
-blocking pop), a call that finds the lock path's connections busy waits for one, and the
-holder's renewals and release always find one. On a real redis-server."""
+holds (redis-py 8's default: 100): waiters take at most half the pool (beyond that they
+share one blocking pop), a call that finds the lock path's connections busy waits for one,
+and the holder's renewals and release always find one. On a real redis-server."""
 from __future__ import annotations
 
 import os
@@ -28,10 +28,11 @@ def blocked_clients(admin: redis.Redis, name: str) -> int:
     return sum(1 for c in admin.client_list() if c.get("name") == name and "b" in c.get("flags", ""))
 
 
-@pytest.mark.parametrize("pool", ["default", "max_connections=10"])
-def test_more_waiting_threads_than_the_pool_holds_all_get_the_lock(redis_server, group, pool):
+@pytest.mark.parametrize("max_connections", [None, 10])
+def test_more_waiting_threads_than_the_pool_holds_all_get_the_lock(redis_server, group, max_connections):
     name = f"waiters{uuid.uuid4().hex[:8]}"
-    query = f"client_name={name}" + ("" if pool == "default" else f"&{pool}")
+    query = f"client_name={name}" + ("" if max_connections is None else f"&max_connections={max_connections}")
+    pool = max_connections or 100                          # redis-py 8's default
     engine = ylock.engine_from_url(f"{redis_server.url}?{query}")
     admin = redis.Redis.from_url(redis_server.url)
     lease = 1.5
@@ -75,9 +76,9 @@ def test_more_waiting_threads_than_the_pool_holds_all_get_the_lock(redis_server,
         assert not errors, f"{len(errors)} waiters failed, e.g. {errors[0]!r}"
         while time.monotonic() - queued_at < 2 * lease:       # the holder's renewals find a connection
             assert holder.held() and not holder.lost
-            # Waiting holds no connection: one BLPOP (the process's notify hub) for all of them.
+            # Waiters hold at most half the pool: the rest wait in one BLPOP (the notify hub).
             blocked = blocked_clients(admin, name)
-            assert blocked <= 1, f"{blocked} connections blocked in a pop while {THREADS} threads wait"
+            assert blocked <= pool // 2 + 1, f"{blocked} connections blocked in a pop while {THREADS} threads wait"
             time.sleep(0.05)
     finally:
         released = time.monotonic()

@@ -23,9 +23,10 @@ redis-py 8's default is 100), and as many again in each event loop that uses it.
 path (acquire, release, a waiter's tries) takes all of them but a reserve (a quarter, at
 most 8) that the watchdog's renewals, ``describe()`` and the statistics keep, so that a
 renewal always finds one; each lock call holds a connection for one round trip, and one
-that finds them all busy waits for one within its timeout. Waiting holds no connection:
-the waiting threads (or greenlets) of a process share one blocking pop, run by a thread of
-its own while anybody waits, and the waiting tasks of an event loop another. The pool thus
+that finds them all busy waits for one within its timeout. Waiters take at most half of
+them: the first waiting threads (or greenlets) of a process each block on a connection of
+their own (the quickest handoff), the others share one blocking pop, run by a thread of its
+own while anybody waits; the waiting tasks of an event loop share one too. The pool thus
 bounds the round trips in flight, not the waiters: 300 threads wait on the default pool.
 A loop's connections close when it shuts down (see :meth:`RedisEngine._open_side`).
 
@@ -471,7 +472,7 @@ class RedisEngine(Engine):
         if kind == "pop":
             hub = self._hub
             if hub is not None:
-                return hub.wait(op[1], op[2])     # no connection held while waiting
+                return hub.pop(op[1], op[2], op[3])
             return (self._call or self._caller())("BLPOP", op[1], op[2], timeout=op[3])
         if kind == "release":
             return self._run(op[1], op[2], op[3], op[4])
