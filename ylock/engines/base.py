@@ -472,12 +472,15 @@ class Mailbox:
         self._future = self._loop.create_future()
         if self._events:              # arrived before the future was visible to put()
             return self.take()
+        # A timer rather than asyncio.wait_for, which before Python 3.12 drops a cancellation
+        # that lands as the future completes.
+        timer = None if timeout is None else self._loop.call_later(timeout, settle, self._future, None, None)
         try:
-            await asyncio.wait_for(self._future, timeout)
-        except asyncio.TimeoutError:
-            return None
+            await self._future
         finally:
             self._future = None
+            if timer is not None:
+                timer.cancel()
         return self.take()
 
 
