@@ -69,6 +69,7 @@ from ylock import events
 from ylock import options as opt
 from ylock.errors import LockLost, LockTimeout
 from ylock.lock import Lock
+from ylock.owner import after_fork as _after_fork
 from ylock.owner import current_owner
 
 logger = logging.getLogger(__name__)
@@ -237,7 +238,7 @@ def _after_fork_in_child() -> None:
     _terms_mutex = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_after_fork(_after_fork_in_child)   # os.fork() and forks made from C (uWSGI)
 
 
 # -- ylock run ---------------------------------------------------------------------------------------

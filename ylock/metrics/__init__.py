@@ -45,6 +45,7 @@ from ylock.metrics.aggregator import Aggregator
 from ylock.metrics.background import Shipper, live_shippers
 from ylock.metrics.shared import Publisher
 from ylock.metrics.tags import ANY_NAME, Tagging
+from ylock.owner import after_fork as _after_fork
 
 __all__ = ["configure", "validate", "stats", "shutdown", "Metrics", "Aggregator", "Tagging", "Shipper",
            "AGGREGATOR", "PUBLISHER", "Publisher", "ANY_NAME", "KEYS"]
@@ -228,6 +229,5 @@ def _after_fork_in_child() -> None:
     AGGREGATOR._after_fork()
 
 
-import os as _os  # noqa: E402
 
-_os.register_at_fork(after_in_child=_after_fork_in_child)
+_after_fork(_after_fork_in_child)   # os.fork() and forks made from C (uWSGI)

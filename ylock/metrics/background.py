@@ -12,14 +12,13 @@ while failures go on). Memory is bounded by ``buffer_size`` queued events plus o
 
 Fork safety: a child process inherits neither the thread nor the parent's queued events;
 each shipper starts over empty in the child and starts its thread on its first event
-(``os.register_at_fork``), so pre-fork servers (gunicorn, uWSGI) work.
+(``ylock.owner.after_fork``: ``os.fork()`` and forks made from C), so pre-fork servers (gunicorn, uWSGI) work.
 """
 from __future__ import annotations
 
 import atexit
 import collections
 import logging
-import os
 import threading
 import time
 import weakref
@@ -27,6 +26,7 @@ from typing import Any
 
 from ylock import options as opt
 from ylock.events import Event
+from ylock.owner import after_fork as _after_fork
 
 logger = logging.getLogger(__name__)
 
@@ -224,5 +224,5 @@ def _close_all_at_exit() -> None:
             logger.exception("closing ylock %s exporter at exit failed", shipper.kind)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_after_fork(_after_fork_in_child)   # os.fork() and forks made from C (uWSGI)
 atexit.register(_close_all_at_exit)

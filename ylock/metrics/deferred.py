@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
 
 from ylock.events import Event
+from ylock.owner import after_fork as _after_fork
 
 logger = logging.getLogger(__name__)
 
@@ -115,4 +115,4 @@ def _after_fork_in_child() -> None:
         subscriber._after_fork()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_after_fork(_after_fork_in_child)   # os.fork() and forks made from C (uWSGI)

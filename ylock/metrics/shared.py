@@ -42,6 +42,7 @@ from ylock.errors import EngineUnavailable
 from ylock.holds import HOLDS
 from ylock.metrics.aggregator import SPANS, WINDOW, Aggregator, Histogram
 from ylock.metrics.background import live_shippers
+from ylock.owner import after_fork as _after_fork
 from ylock.owner import new_owner
 
 logger = logging.getLogger(__name__)
@@ -307,4 +308,4 @@ def _after_fork_in_child() -> None:
         publisher._after_fork()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_after_fork(_after_fork_in_child)   # os.fork() and forks made from C (uWSGI)
