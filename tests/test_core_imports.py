@@ -10,7 +10,8 @@ import ylock
 
 def test_import_ylock_pulls_in_no_framework() -> None:
     code = ("import sys, ylock, ylock.engines.local, ylock.engines.redis, ylock.watchdog; "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'flask', 'blinker', 'click', 'celery', 'kombu')); "
+            "bad = sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('django', 'flask', 'blinker', 'click', 'celery', 'kombu')); "
             "print(','.join(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

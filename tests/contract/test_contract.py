@@ -16,7 +16,6 @@ import ylock
 from tests.helpers import AsyncVerbs, Runner, collect, expect_event, wait_until, waiters
 from ylock import events
 
-
 VERBS = {"mode": "sync"}
 
 
