@@ -24,13 +24,10 @@ interleaved run by run. Writes ``results/aio.json`` and ``aio.md``.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -43,7 +40,7 @@ import redis.asyncio as aredis
 
 import ylock
 from bench.contended import analyse
-from bench.run import machine, measure, rate, server_cpu, stats
+from bench.run import bench_parser, machine, measure, rate, run_bench, runs_of, server_cpu, stats
 from ylock.testing.redis import RedisServer
 
 HERE = Path(__file__).resolve().parent
@@ -333,36 +330,16 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench.aio", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--runs", type=int, default=None, help="runs per number (default 5, quick 3)")
-    parser.add_argument("--out", default=str(HERE / "results"))
-    parser.add_argument("--only", default="uncontended,contended")
-    parser.add_argument("--seconds", type=float, default=None, help="seconds per uncontended sample")
-    parser.add_argument("--duration", type=float, default=None, help="seconds per contended run")
+    parser = bench_parser("bench.aio", __doc__, "aio")
     parser.add_argument("--max-ops", type=int, default=200_000, help="acquisitions per contending task at most")
     parser.add_argument("--tasks", type=int, default=8, help="tasks of the one-process contended runs")
     parser.add_argument("--procs", type=int, default=4, help="processes of the multi-process contended runs")
     parser.add_argument("--tasks-per-process", type=int, default=4)
     parser.add_argument("--libs", default=None, help="comma-separated cases for the contended section")
     args = parser.parse_args(argv)
-    bench = AsyncBench(args.quick, args.runs or (3 if args.quick else 5), args.seconds, args.duration, args.tasks,
+    bench = AsyncBench(args.quick, runs_of(args), args.seconds, args.duration, args.tasks,
                        args.procs, args.tasks_per_process, args.libs.split(",") if args.libs else None, args.max_ops)
-    try:
-        for section in args.only.split(","):
-            began = time.perf_counter()
-            getattr(bench, section)()
-            print(f"bench: {section} done in {time.perf_counter() - began:.0f} s", file=sys.stderr)
-    finally:
-        bench.close()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "aio.json").write_text(json.dumps(bench.results, indent=2, default=str))
-    text = markdown(bench.results)
-    (out / "aio.md").write_text(text + "\n")
-    print(text)
-    return bench.results
+    return run_bench(bench, args.only, args, "aio", markdown)
 
 
 if __name__ == "__main__":

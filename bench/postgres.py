@@ -17,8 +17,6 @@ cases are interleaved run by run. Writes ``results/postgres.json`` and ``postgre
 """
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing
 import statistics
 import sys
@@ -33,7 +31,7 @@ import psycopg
 
 import ylock
 from bench.contended import analyse
-from bench.run import machine, rate, stats
+from bench.run import bench_parser, machine, rate, run_bench, runs_of, stats
 from ylock.testing.postgres import PostgresServer
 
 HERE = Path(__file__).resolve().parent
@@ -269,32 +267,13 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench.postgres", description=__doc__)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--runs", type=int, default=None, help="runs per number (default 5, quick 3)")
-    parser.add_argument("--out", default=str(HERE / "results"))
-    parser.add_argument("--only", default="uncontended,contended")
-    parser.add_argument("--seconds", type=float, default=None, help="seconds per uncontended sample")
-    parser.add_argument("--duration", type=float, default=None, help="seconds per contended run")
+    parser = bench_parser("bench.postgres", __doc__, "postgres")
     parser.add_argument("--libs", default=None, help="comma-separated libraries for the contended section "
                         "(without django-pglock, its uncontended row is left out too)")
     args = parser.parse_args(argv)
-    bench = PostgresBench(args.quick, args.runs or (3 if args.quick else 5), args.seconds, args.duration,
+    bench = PostgresBench(args.quick, runs_of(args), args.seconds, args.duration,
                           args.libs.split(",") if args.libs else None)
-    try:
-        for section in args.only.split(","):
-            began = time.perf_counter()
-            getattr(bench, section)()
-            print(f"bench: {section} done in {time.perf_counter() - began:.0f} s", file=sys.stderr)
-    finally:
-        bench.close()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "postgres.json").write_text(json.dumps(bench.results, indent=2, default=str))
-    text = markdown(bench.results)
-    (out / "postgres.md").write_text(text + "\n")
-    print(text)
-    return bench.results
+    return run_bench(bench, args.only, args, "postgres", markdown)
 
 
 if __name__ == "__main__":

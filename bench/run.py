@@ -588,35 +588,66 @@ def plot(r: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small counts, one contended size (about a minute)")
+
+# -- the command line every bench module shares ------------------------------------------------
+
+def bench_parser(module: str, doc: str | None, stem: str,
+                 sections: str | None = "uncontended,contended") -> argparse.ArgumentParser:
+    """The options every ``python -m bench.<module>`` takes: ``--quick``, ``--runs``, ``--out``,
+    ``--seconds``, and unless ``sections`` is None ``--only`` and ``--duration``."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="short samples, fewer runs")
     parser.add_argument("--runs", type=int, default=None, help="runs per number (default 5, quick 3)")
-    parser.add_argument("--out", default=str(HERE / "results"), help="where to write latest.{json,md,png}")
-    parser.add_argument("--only", default="uncontended,contended,readers,many_holds,metrics_overhead",
-                        help="comma-separated sections")
-    parser.add_argument("--libs", default=None, help="comma-separated libraries for the contended section")
+    parser.add_argument("--out", default=str(HERE / "results"), help=f"where to write {stem}.{{json,md}}")
     parser.add_argument("--seconds", type=float, default=None, help="seconds per uncontended sample")
-    parser.add_argument("--duration", type=float, default=None, help="seconds per contended run")
-    args = parser.parse_args(argv)
-    bench = Bench(args.quick, args.runs or (3 if args.quick else 5), args.libs.split(",") if args.libs else None,
-                  args.seconds, args.duration)
+    if sections is not None:
+        parser.add_argument("--only", default=sections, help="comma-separated sections")
+        parser.add_argument("--duration", type=float, default=None, help="seconds per contended run")
+    return parser
+
+
+def runs_of(args: argparse.Namespace) -> int:
+    """``--runs``, or its default: 3 quick, 5 otherwise."""
+    return int(args.runs or (3 if args.quick else 5))
+
+
+def run_bench(bench: Any, sections: str, args: argparse.Namespace, stem: str,
+              markdown: Callable[[dict[str, Any]], str],
+              finish: Callable[[dict[str, Any], Path], None] | None = None) -> dict[str, Any]:
+    """Run ``bench``'s comma-separated ``sections`` in turn (closing it in the end, whatever
+    happens), then write ``<stem>.json`` and ``<stem>.md`` in ``--out`` and print the table."""
     try:
-        for section in args.only.split(","):
+        for section in sections.split(","):
             began = time.perf_counter()
             getattr(bench, section)()
             print(f"bench: {section} done in {time.perf_counter() - began:.0f} s", file=sys.stderr)
     finally:
         bench.close()
+    bench.results.setdefault("machine", {})["load_after"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "latest.json").write_text(json.dumps(bench.results, indent=2, default=str))
+    (out / f"{stem}.json").write_text(json.dumps(bench.results, indent=2, default=str))
     text = markdown(bench.results)
-    (out / "latest.md").write_text(text + "\n")
-    if "uncontended" in bench.results:
-        plot(bench.results, out / "latest.png")
+    (out / f"{stem}.md").write_text(text + "\n")
+    if finish is not None:
+        finish(bench.results, out)
     print(text)
     return bench.results
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = bench_parser("bench", __doc__, "latest", "uncontended,contended,readers,many_holds,metrics_overhead")
+    parser.add_argument("--libs", default=None, help="comma-separated libraries for the contended section")
+    args = parser.parse_args(argv)
+    bench = Bench(args.quick, runs_of(args), args.libs.split(",") if args.libs else None,
+                  args.seconds, args.duration)
+
+    def plot_if_measured(results: dict[str, Any], out: Path) -> None:
+        if "uncontended" in results:
+            plot(results, out / "latest.png")
+
+    return run_bench(bench, args.only, args, "latest", markdown, plot_if_measured)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,7 @@ are interleaved run by run. Writes ``results/semaphore.json`` and ``semaphore.md
 """
 from __future__ import annotations
 
-import argparse
 import bisect
-import json
 import multiprocessing
 import os
 import statistics
@@ -44,7 +42,7 @@ from typing import Any
 import redis
 
 import ylock
-from bench.run import machine, measure, paired_ratio, rate, stats
+from bench.run import bench_parser, machine, measure, paired_ratio, rate, run_bench, runs_of, stats
 from ylock.testing.redis import RedisServer
 
 HERE = Path(__file__).resolve().parent
@@ -382,35 +380,15 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench.semaphore", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--runs", type=int, default=None, help="runs per number (default 5, quick 3)")
-    parser.add_argument("--out", default=str(HERE / "results"))
-    parser.add_argument("--only", default="uncontended,contended")
-    parser.add_argument("--seconds", type=float, default=None, help="seconds per uncontended sample")
-    parser.add_argument("--duration", type=float, default=None, help="seconds per contended run")
+    parser = bench_parser("bench.semaphore", __doc__, "semaphore")
     parser.add_argument("--max-ops", type=int, default=200_000, help="acquisitions per contended worker at most")
     parser.add_argument("--procs", type=int, default=8, help="contending processes (threads on local)")
     parser.add_argument("--permits", type=int, default=PERMITS, help="permits of the contended section")
     parser.add_argument("--libs", default=None, help="comma-separated cases for the contended section")
     args = parser.parse_args(argv)
-    bench = SemaphoreBench(args.quick, args.runs or (3 if args.quick else 5), args.seconds, args.duration,
+    bench = SemaphoreBench(args.quick, runs_of(args), args.seconds, args.duration,
                            args.procs, args.libs.split(",") if args.libs else None, args.max_ops, args.permits)
-    try:
-        for section in args.only.split(","):
-            began = time.perf_counter()
-            getattr(bench, section)()
-            print(f"bench: {section} done in {time.perf_counter() - began:.0f} s", file=sys.stderr)
-    finally:
-        bench.close()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "semaphore.json").write_text(json.dumps(bench.results, indent=2, default=str))
-    text = markdown(bench.results)
-    (out / "semaphore.md").write_text(text + "\n")
-    print(text)
-    return bench.results
+    return run_bench(bench, args.only, args, "semaphore", markdown)
 
 
 if __name__ == "__main__":

@@ -22,13 +22,11 @@ run and every ratio is to ``off`` of the same run. Writes ``results/tracing.json
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +36,7 @@ import redis
 
 import ylock
 import ylock.tracing
-from bench.run import machine, measure, stats
+from bench.run import bench_parser, machine, measure, run_bench, runs_of, stats
 from ylock.testing.redis import RedisServer
 
 HERE = Path(__file__).resolve().parent
@@ -229,27 +227,9 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench.tracing", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--runs", type=int, default=None, help="runs per number (default 5, quick 3)")
-    parser.add_argument("--out", default=str(HERE / "results"))
-    parser.add_argument("--seconds", type=float, default=None, help="seconds per sample")
-    args = parser.parse_args(argv)
-    bench = TracingBench(args.quick, args.runs or (3 if args.quick else 5), args.seconds)
-    try:
-        began = time.perf_counter()
-        bench.uncontended()
-        print(f"bench: uncontended done in {time.perf_counter() - began:.0f} s", file=sys.stderr)
-    finally:
-        bench.close()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tracing.json").write_text(json.dumps(bench.results, indent=2, default=str))
-    text = markdown(bench.results)
-    (out / "tracing.md").write_text(text + "\n")
-    print(text)
-    return bench.results
+    args = bench_parser("bench.tracing", __doc__, "tracing", sections=None).parse_args(argv)
+    bench = TracingBench(args.quick, runs_of(args), args.seconds)
+    return run_bench(bench, "uncontended", args, "tracing", markdown)
 
 
 if __name__ == "__main__":

@@ -25,12 +25,9 @@ noise. Writes ``results/zookeeper.json`` and ``zookeeper.md``.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -43,7 +40,7 @@ from kazoo.client import KazooClient
 
 import ylock
 from bench.contended import analyse
-from bench.run import machine, rate, stats
+from bench.run import bench_parser, machine, rate, run_bench, runs_of, stats
 from ylock.testing.zookeeper import ZooKeeperServer, four_letter
 
 HERE = Path(__file__).resolve().parent
@@ -368,34 +365,12 @@ def _ratio_md(key: str, ratio: dict[str, float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench.zookeeper", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="short samples (about a minute)")
-    parser.add_argument("--runs", type=int, default=None, help="runs per number (default 5, quick 3)")
-    parser.add_argument("--out", default=str(HERE / "results"), help="where to write zookeeper.{json,md}")
-    parser.add_argument("--only", default="uncontended,contended", help="comma-separated sections")
-    parser.add_argument("--seconds", type=float, default=None, help="seconds per uncontended sample")
-    parser.add_argument("--duration", type=float, default=None, help="seconds per contended run")
+    parser = bench_parser("bench.zookeeper", __doc__, "zookeeper")
     parser.add_argument("--procs", type=int, default=4, help="processes in the contended section")
     args = parser.parse_args(argv)
-    bench = ZooKeeperBench(args.quick, args.runs or (3 if args.quick else 5), args.seconds, args.duration,
-                           args.procs)
+    bench = ZooKeeperBench(args.quick, runs_of(args), args.seconds, args.duration, args.procs)
     bench.results["contended_procs"] = args.procs
-    try:
-        for section in args.only.split(","):
-            began = time.perf_counter()
-            getattr(bench, section)()
-            print(f"bench: {section} done in {time.perf_counter() - began:.0f} s", file=sys.stderr)
-    finally:
-        bench.close()
-    bench.results["machine"]["load_after"] = os.getloadavg()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "zookeeper.json").write_text(json.dumps(bench.results, indent=2, default=str))
-    text = markdown(bench.results)
-    (out / "zookeeper.md").write_text(text + "\n")
-    print(text)
-    return bench.results
+    return run_bench(bench, args.only, args, "zookeeper", markdown)
 
 
 if __name__ == "__main__":
