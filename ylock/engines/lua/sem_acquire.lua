@@ -3,24 +3,34 @@
 -- ARGV[1] owner   ARGV[2] permits   ARGV[3] flags: fair, stay, queued (as acquire.lua)
 -- ARGV[4] lease ms   ARGV[5] waiter lease ms   ARGV[6] what the owner is doing (JSON)
 -- Every grant lasts min(lease, waiter lease) until the owner's watchdog renews it (see acquire.lua).
--- Returns {1, token, evicted...} when the owner holds a permit (taken now, or granted by a
+-- Returns the token when the fast path took a permit; else {1, token, evicted...} when the owner holds a permit (taken now, or granted by a
 -- releaser meanwhile), or {0, ms until the earliest holder's lease runs out, evicted...}.
 local o, permits, wlease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
 local lease = math.min(tonumber(ARGV[4]), wlease)
 
 -- Fast path: a permit is free and nobody waits (so nobody can be overtaken, fair or not).
 -- Holders whose lease ran out still count here; the full path below clears them when the
--- permits look taken.
-if string.sub(ARGV[3], 3, 3) ~= '1' and redis.call('LLEN', K.q) == 0 and redis.call('ZCARD', K.s) < permits then
-  local now = clock()
-  redis.call('SET', base .. ':c', permits, 'PX', math.max(tonumber(ARGV[4]), wlease) * 2)
-  redis.call('SET', base .. ':h:' .. o, fmt(now) .. '|' .. ARGV[6], 'PX', lease)
-  local tok = next_token()
-  redis.call('ZADD', K.s, now + lease, o)
-  if redis.call('PTTL', K.s) < lease then redis.call('PEXPIRE', K.s, lease) end
-  redis.call('HSET', K.t, o, fmt(tok))
-  if redis.call('PTTL', K.t) < lease then redis.call('PEXPIRE', K.t, lease) end
-  return {1, tok}
+-- permits look taken. Returns the bare token, as acquire.lua's fast path does.
+if string.sub(ARGV[3], 3, 3) ~= '1' and redis.call('LLEN', K.q) == 0 then
+  local card = redis.call('ZCARD', K.s)
+  if card < permits then
+    local now = clock()
+    redis.call('SET', base .. ':c', permits, 'PX', math.max(tonumber(ARGV[4]), wlease) * 2)
+    redis.call('SET', base .. ':h:' .. o, fmt(now) .. '|' .. ARGV[6], 'PX', lease)
+    local tok = next_token()
+    redis.call('ZADD', K.s, now + lease, o)
+    redis.call('HSET', K.t, o, fmt(tok))
+    if card == 0 then
+      -- The first holder: s is new, and whatever t holds belongs to no holder, so both
+      -- live exactly as long as this hold.
+      redis.call('PEXPIRE', K.s, lease)
+      redis.call('PEXPIRE', K.t, lease)
+    else
+      if redis.call('PTTL', K.s) < lease then redis.call('PEXPIRE', K.s, lease) end
+      if redis.call('PTTL', K.t) < lease then redis.call('PEXPIRE', K.t, lease) end
+    end
+    return tok
+  end
 end
 
 --@common
