@@ -29,7 +29,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ylock import events, options, tracing
 from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, RenewItem
-from ylock.errors import ConfigurationError, LockError, LockLost, LockNotOwned, LockTimeout, LockUpgradeError
+from ylock.errors import (
+    ConfigurationError,
+    EngineUnavailable,
+    LockError,
+    LockLost,
+    LockNotOwned,
+    LockTimeout,
+    LockUpgradeError,
+)
 from ylock.holds import HOLDS, LOCK, PERMIT, SEMAPHORE, Hold
 from ylock.names import check_group, check_name
 from ylock.owner import current_owner, describe_holder
@@ -493,6 +501,7 @@ def release_all(budget: float = EXIT_BUDGET) -> int:
     (SIGKILL) still costs the lease."""
     deadline = time.monotonic() + budget
     released = 0
+    down: dict[int, int] = {}       # engines found unavailable: how many holds were left to their lease
     for hold in HOLDS.holds():
         HOLDS.remove(hold)
         for mode, _ in hold.held_modes():
@@ -502,11 +511,20 @@ def release_all(budget: float = EXIT_BUDGET) -> int:
                 hold.writes = 0
             else:
                 hold.reads = 0
+            if id(hold.engine) in down:     # each would wait its connect timeout again: leave it
+                down[id(hold.engine)] += 1
+                continue
             try:
                 hold.engine.release(hold.group, hold.name, hold.owner, mode)
                 released += 1
+            except EngineUnavailable as exc:
+                down[id(hold.engine)] = 0
+                logger.warning("ylock: could not release %s/%s at exit: %s", hold.group, hold.name, exc)
             except Exception as exc:  # noqa: BLE001 - at exit: its lease frees it
                 logger.warning("ylock: could not release %s/%s at exit: %s", hold.group, hold.name, exc)
+    skipped = sum(down.values())
+    if skipped:
+        logger.warning("ylock: %d more holds left to their lease at exit: their engine was unavailable", skipped)
     return released
 
 
