@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 import ylock
+from ylock.holds import HOLDS
 from ylock.testing.postgres import PostgresServer
 from ylock.testing.redis import RedisCluster, RedisSentinel, RedisServer
 from ylock.testing.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
@@ -19,6 +20,15 @@ from ylock.testing.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 CONTRACT_ENGINES = ["local", "redis", "redis_cluster", "redis_sentinel", "zookeeper", "zookeeper_ensemble", "postgres"]
 
 _servers: list[object] = []   # whatever has a read_log(), for failure reports
+
+
+def _forget_leftover_holds() -> None:
+    """At the end of the session, before a shared server stops: forget the holds some tests
+    left behind (their groups are their own; their keys expire by their lease), so that the
+    renewal thread does not retry them against a stopped server for the rest of the run and
+    the release at exit does not wait on it."""
+    for hold in HOLDS.holds():
+        HOLDS.remove(hold)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -53,6 +63,7 @@ def redis_server() -> Iterator[RedisServer]:
     _servers.append(server)
     yield server
     _servers.remove(server)
+    _forget_leftover_holds()
     server.stop()
 
 
@@ -69,6 +80,7 @@ def redis_cluster() -> Iterator[RedisCluster]:
     _servers.append(cluster)
     yield cluster
     _servers.remove(cluster)
+    _forget_leftover_holds()
     cluster.stop()
 
 
@@ -85,6 +97,7 @@ def redis_sentinel() -> Iterator[RedisSentinel]:
     _servers.append(sentinel)
     yield sentinel
     _servers.remove(sentinel)
+    _forget_leftover_holds()
     sentinel.stop()
 
 
@@ -101,6 +114,7 @@ def zookeeper_server() -> Iterator[ZooKeeperServer]:
     _servers.append(server)
     yield server
     _servers.remove(server)
+    _forget_leftover_holds()
     server.stop()
 
 
@@ -117,6 +131,7 @@ def zookeeper_ensemble() -> Iterator[ZooKeeperEnsemble]:
     _servers.append(ensemble)
     yield ensemble
     _servers.remove(ensemble)
+    _forget_leftover_holds()
     ensemble.stop()
 
 
@@ -133,6 +148,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     _servers.append(server)
     yield server
     _servers.remove(server)
+    _forget_leftover_holds()
     server.cleanup()
 
 
