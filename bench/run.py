@@ -188,6 +188,11 @@ class Bench:
                  "ylock zk/kazoo WriteLock": ("ylock zookeeper (write)", "kazoo WriteLock")}
         self.results["ratios"] = {key: rows[ours]["median"] / rows[peer]["median"]
                                   for key, (ours, peer) in pairs.items() if peer in rows}
+        # The same ratios timed back to back (peer, ylock, ylock, peer in short rounds): the
+        # machine's drift within a round cancels out, far steadier than two medians.
+        rounds, seconds = (3, 0.1) if self.quick else (15, 0.2)
+        self.results["back_to_back"] = {key: paired_ratio(cases[peer][1], cases[ours][1], rounds, seconds)
+                                        for key, (ours, peer) in pairs.items() if peer in cases and ours in cases}
         # Round trips per uncontended acquire+release, counted by the server.
         self.client.config_resetstat()
         acquire, release = peers.ylock_pair(engine, f"c{n}")
@@ -503,6 +508,10 @@ def _uncontended_md(r: dict[str, Any], f: Callable[..., str]) -> list[str]:
     lines += ["", "Ratios (same run): " + ", ".join(f"{k} = {v:.2f}" for k, v in r["ratios"].items())
               + f"; ylock round trips per uncontended acquire+release: {r['round_trips_per_pair']:.0f}; "
               f"re-entry {r['reentry_us']:.2f} µs.", ""]
+    if r.get("back_to_back"):
+        lines += ["Timed back to back (peer, ylock, ylock, peer in short rounds; median (min-max)): "
+                  + ", ".join(f"{k} = {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})"
+                              for k, v in r["back_to_back"].items()) + ".", ""]
     return lines
 
 
