@@ -7,7 +7,8 @@ entry ``X`` names a fixture ``X_engine``. A missing server is a failure, never a
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 
@@ -19,6 +20,7 @@ from ylock.testing.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 
 CONTRACT_ENGINES = ["local", "redis", "redis_cluster", "redis_sentinel", "zookeeper", "zookeeper_ensemble", "postgres"]
 
+_S = TypeVar("_S")
 _servers: list[object] = []   # whatever has a read_log(), for failure reports
 
 
@@ -57,103 +59,77 @@ def local_engine() -> ylock.Engine:
     return ylock.engine_from_url("local://")
 
 
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
+def _serving(server: _S, stop: Callable[[_S], None] = lambda server: server.stop()) -> Iterator[_S]:
+    """A started server for the session: its log goes into failing tests' reports; at the
+    end the holds tests left are forgotten (see below), then it is stopped."""
     _servers.append(server)
     yield server
     _servers.remove(server)
     _forget_leftover_holds()
-    server.stop()
+    stop(server)
+
+
+def _engine(url: str) -> Iterator[ylock.Engine]:
+    engine = ylock.engine_from_url(url)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    yield from _serving(RedisServer().start())
 
 
 @pytest.fixture
 def redis_engine(redis_server: RedisServer) -> Iterator[ylock.Engine]:
-    engine = ylock.engine_from_url(redis_server.url)
-    yield engine
-    engine.close()
+    yield from _engine(redis_server.url)
 
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[RedisCluster]:
-    cluster = RedisCluster(3).start()
-    _servers.append(cluster)
-    yield cluster
-    _servers.remove(cluster)
-    _forget_leftover_holds()
-    cluster.stop()
+    yield from _serving(RedisCluster(3).start())
 
 
 @pytest.fixture
 def redis_cluster_engine(redis_cluster: RedisCluster) -> Iterator[ylock.Engine]:
-    engine = ylock.engine_from_url(redis_cluster.url)
-    yield engine
-    engine.close()
+    yield from _engine(redis_cluster.url)
 
 
 @pytest.fixture(scope="session")
 def redis_sentinel() -> Iterator[RedisSentinel]:
-    sentinel = RedisSentinel().start()
-    _servers.append(sentinel)
-    yield sentinel
-    _servers.remove(sentinel)
-    _forget_leftover_holds()
-    sentinel.stop()
+    yield from _serving(RedisSentinel().start())
 
 
 @pytest.fixture
 def redis_sentinel_engine(redis_sentinel: RedisSentinel) -> Iterator[ylock.Engine]:
-    engine = ylock.engine_from_url(redis_sentinel.url)
-    yield engine
-    engine.close()
+    yield from _engine(redis_sentinel.url)
 
 
 @pytest.fixture(scope="session")
 def zookeeper_server() -> Iterator[ZooKeeperServer]:
-    server = ZooKeeperServer().start()
-    _servers.append(server)
-    yield server
-    _servers.remove(server)
-    _forget_leftover_holds()
-    server.stop()
+    yield from _serving(ZooKeeperServer().start())
 
 
 @pytest.fixture
 def zookeeper_engine(zookeeper_server: ZooKeeperServer) -> Iterator[ylock.Engine]:
-    engine = ylock.engine_from_url(zookeeper_server.url("/contract") + "?session_timeout=4")
-    yield engine
-    engine.close()
+    yield from _engine(zookeeper_server.url("/contract") + "?session_timeout=4")
 
 
 @pytest.fixture(scope="session")
 def zookeeper_ensemble() -> Iterator[ZooKeeperEnsemble]:
-    ensemble = ZooKeeperEnsemble(3).start()
-    _servers.append(ensemble)
-    yield ensemble
-    _servers.remove(ensemble)
-    _forget_leftover_holds()
-    ensemble.stop()
+    yield from _serving(ZooKeeperEnsemble(3).start())
 
 
 @pytest.fixture
 def zookeeper_ensemble_engine(zookeeper_ensemble: ZooKeeperEnsemble) -> Iterator[ylock.Engine]:
-    engine = ylock.engine_from_url(zookeeper_ensemble.url("/contract") + "?session_timeout=4")
-    yield engine
-    engine.close()
+    yield from _engine(zookeeper_ensemble.url("/contract") + "?session_timeout=4")
 
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
-    server = PostgresServer().start()
-    _servers.append(server)
-    yield server
-    _servers.remove(server)
-    _forget_leftover_holds()
-    server.cleanup()
+    yield from _serving(PostgresServer().start(), lambda server: server.cleanup())
 
 
 @pytest.fixture
 def postgres_engine(postgres_server: PostgresServer) -> Iterator[ylock.Engine]:
-    engine = ylock.engine_from_url(postgres_server.url)
-    yield engine
-    engine.close()
+    yield from _engine(postgres_server.url)

@@ -9,13 +9,18 @@ bound on a loaded 2-core machine (:data:`SLACK`).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import multiprocessing
+import os
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ylock
+from tests.faults import workers
 from tests.faults.workers import Checkers, Record, write_inside
 
 #: Seconds a call may take beyond its bound on this 2-core machine with other tests running
@@ -179,3 +184,49 @@ def owners(engine: ylock.Engine, group: str, name: str, patience: float = 15.0) 
 def server_has(engine: ylock.Engine, group: str, name: str) -> Callable[[str], bool]:
     """A ``confirm`` for :func:`take`: whether the server has ``owner`` as the only holder."""
     return lambda owner: owners(engine, group, name)[0] == (owner,)
+
+
+# -- a holder process that dies or freezes inside the lock ---------------------------------------
+
+
+@dataclasses.dataclass
+class StoppedHolder:
+    """The holder of :func:`holder_process`: when it was killed or stopped, and its record."""
+
+    stopped: float
+    record: Record
+
+
+@contextlib.contextmanager
+def holder_process(url: str, group: str, lease: float, journal: Journal, how: str) -> Iterator[StoppedHolder]:
+    """A process takes ``group``/n on ``url`` (``lease``) and writes inside it; it is then
+    killed or stopped (``how``: "SIGKILL" or "SIGSTOP") and the block runs (a waiter takes
+    over). After the block a stopped holder is resumed: it must be told it lost the lock, its
+    stale write rejected by the fenced register; a killed one died inside. Its record goes to
+    the journal; the process is gone in the end, however the block ends."""
+    parent, child = multiprocessing.get_context("spawn").Pipe()
+    proc = multiprocessing.get_context("spawn").Process(
+        target=workers.hold_then_write_until_lost, args=(url, group, "n", lease, journal.checkers, child))
+    proc.start()
+    try:
+        assert parent.poll(30), "the holder process did not take the lock"
+        _, record = parent.recv()
+        os.kill(proc.pid, getattr(signal, how))
+        holder = StoppedHolder(time.monotonic(), record)
+        if how == "SIGSTOP":
+            parent.send("go")                   # read once it runs again
+        yield holder
+        if how == "SIGSTOP":
+            os.kill(proc.pid, signal.SIGCONT)
+            assert parent.poll(30), "the resumed holder was never told it lost the lock"
+            _, holder.record = parent.recv()
+            assert holder.record.outcome == "lost" and holder.record.rejected >= 1, holder.record
+        else:
+            holder.record.ended = holder.stopped    # it died inside
+        journal.add(holder.record)
+    finally:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGCONT)
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()

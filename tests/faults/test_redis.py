@@ -11,7 +11,6 @@ import functools
 import multiprocessing
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -22,7 +21,7 @@ import pytest
 import redis
 
 import ylock
-from tests.faults import SLACK, Journal, hold_until_lost, owners, server_has, take, timed, workers
+from tests.faults import SLACK, Journal, hold_until_lost, holder_process, owners, server_has, take, timed, workers
 from tests.helpers import Runner, collect, expect_event, wait_until, waiters
 from ylock import events
 from ylock.testing import ServerError, free_port
@@ -435,39 +434,15 @@ def test_holder_process_killed_or_stopped_past_its_lease(redis_server, engines, 
     resumed, writes at once with its stale token, which the fenced register rejects, and is
     told it lost the lock."""
     lease = 1.0
-    parent, child = spawn.Pipe()
-    proc = spawn.Process(target=workers.hold_then_write_until_lost, args=(redis_server.url, group, "n", lease,
-                                                                          journal.checkers, child))
-    proc.start()
-    try:
-        assert parent.poll(30), "the holder process did not take the lock"
-        _, h_record = parent.recv()
-        os.kill(proc.pid, getattr(signal, how))
-        stopped = time.monotonic()
-        if how == "SIGSTOP":
-            parent.send("go")                   # read once it runs again
+    with holder_process(redis_server.url, group, lease, journal, how) as holder:
         w = ylock.Lock(engines(redis_server.url), group, "n")
         taking = timed(w.lock, timeout=10)
         assert taking.error is None, taking.error
-        taken = taking.started + taking.elapsed - stopped
+        taken = taking.started + taking.elapsed - holder.stopped
         # The lease was renewed at most a third of it before the signal.
         assert lease * 2 / 3 - 0.05 <= taken <= lease + SLACK, f"the waiter got the lock {taken:.3f} s after the {how}"
         w_record = journal.hold(w, "W", writes=2)
-        if how == "SIGSTOP":
-            os.kill(proc.pid, signal.SIGCONT)
-            assert parent.poll(30), "the resumed holder was never told it lost the lock"
-            _, h_record = parent.recv()
-            assert h_record.outcome == "lost" and h_record.rejected >= 1, h_record
-        else:
-            h_record.ended = stopped            # it died inside
-        journal.add(h_record)
-    finally:
-        if proc.is_alive():
-            os.kill(proc.pid, signal.SIGCONT)
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
-    assert w_record.token > h_record.token
+    assert w_record.token > holder.record.token
     verdict = journal.check()
     figures(f"Redis holder {how} (lease {lease} s): waiter in {taken:.3f} s; {verdict}")
 

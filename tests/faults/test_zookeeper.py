@@ -8,15 +8,13 @@ from __future__ import annotations
 import functools
 import logging
 import multiprocessing
-import os
-import signal
 import threading
 import time
 
 import pytest
 
 import ylock
-from tests.faults import SLACK, hold_until_lost, owners, server_has, take, timed, workers
+from tests.faults import SLACK, hold_until_lost, holder_process, owners, server_has, take, timed, workers
 from tests.helpers import Runner, collect, expect_event, wait_until, waiters
 from ylock import events
 from ylock.testing import free_port
@@ -276,38 +274,14 @@ def test_holder_process_killed_or_stopped_past_its_session(zookeeper, engines, j
     lives); a stopped holder, resumed, writes at once with its stale token, which the fenced
     register rejects, and is told it lost the lock."""
     url = zookeeper.url(f"/{group}") + "?session_timeout=2"
-    parent, child = spawn.Pipe()
-    proc = spawn.Process(target=workers.hold_then_write_until_lost, args=(url, group, "n", 30.0, journal.checkers,
-                                                                          child))
-    proc.start()
-    try:
-        assert parent.poll(30), "the holder process did not take the lock"
-        kind, h_record = parent.recv()
-        os.kill(proc.pid, getattr(signal, how))
-        stopped = time.monotonic()
-        if how == "SIGSTOP":
-            parent.send("go")                   # read once it runs again
+    with holder_process(url, group, 30.0, journal, how) as holder:
         w = ylock.Lock(engines(url), group, "n")
         taking = timed(w.lock, timeout=20)
         assert taking.error is None, taking.error
-        taken = taking.started + taking.elapsed - stopped
+        taken = taking.started + taking.elapsed - holder.stopped
         assert 2.0 / 2 <= taken <= 2.0 * 1.5 + 1.0, f"the waiter got the lock {taken:.3f} s after the {how}"
         w_record = journal.hold(w, "W", writes=2)
-        if how == "SIGSTOP":
-            os.kill(proc.pid, signal.SIGCONT)
-            assert parent.poll(30), "the resumed holder was never told it lost the lock"
-            kind, h_record = parent.recv()
-            assert h_record.outcome == "lost" and h_record.rejected >= 1, h_record
-        else:
-            h_record.ended = stopped            # it died inside
-        journal.add(h_record)
-    finally:
-        if proc.is_alive():
-            os.kill(proc.pid, signal.SIGCONT)
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
-    assert w_record.token > h_record.token
+    assert w_record.token > holder.record.token
     verdict = journal.check()
     figures(f"ZooKeeper holder {how} (session 2 s): waiter in {taken:.3f} s; {verdict}")
 
