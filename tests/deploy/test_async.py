@@ -165,7 +165,10 @@ def test_flask_async_views_keep_no_connection_per_request(tmp_path, redis_url):
         before = sockets_of(srv)
         assert burst(srv.url + "/counter/async", REQUESTS, AT_ONCE).codes == {200: REQUESTS}
         after = sockets_of(srv)
-    assert after - before <= 8, f"{after - before} more sockets open after {REQUESTS} more async requests"
+    # A leak grows with the requests (it was about 1.5 Redis connections per request: 150 here).
+    # What does not: HTTP keep-alive connections still closing, and the connections each worker
+    # makes once for renewals and its thread pool's waits (up to 10 seen under a loaded CI).
+    assert after - before <= REQUESTS // 4, f"{after - before} more sockets open after {REQUESTS} more async requests"
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() is Python 3.11+")
