@@ -23,11 +23,12 @@ from ylock.engines.base import (
     run_steps,
     split_url_options,
 )
-from ylock.engines.postgres import inspection, poolers
 from ylock.engines.postgres.connection import Hold, conninfo, session_settings
 from ylock.engines.postgres.executor import Executor
+from ylock.engines.postgres.inspection import adopt_steps, lock_infos
 from ylock.engines.postgres.ops import Query, Stmt
 from ylock.engines.postgres.pool import Pool
+from ylock.engines.postgres.poolers import detect_steps, verdict
 from ylock.engines.postgres.sql import Statements, advisory_key, channel, halves
 from ylock.engines.postgres.steps import HoldSteps, kind_of
 from ylock.engines.postgres.wire import Broken, NoAnswer, ServerError
@@ -162,7 +163,7 @@ class PostgresEngine(Engine):
         conn = self._pool.take(Hold(group, name, old_owner, kind), mode, token)
         if conn is None:
             return False
-        steps = inspection.adopt_steps(self._pool, conn, Hold(group, name, new_owner, kind), token,
+        steps = adopt_steps(self._pool, conn, Hold(group, name, new_owner, kind), token,
                                        self.socket_timeout)
         return self._run(steps, group, name)  # type: ignore[no-any-return]
 
@@ -184,7 +185,7 @@ class PostgresEngine(Engine):
         self._utility([Stmt("ping")])
 
     def describe(self, group: str | None = None) -> list[LockInfo]:
-        return inspection.lock_infos(self._utility([Stmt(self.sql.describe(), [group])], group)[0])
+        return lock_infos(self._utility([Stmt(self.sql.describe(), [group])], group)[0])
 
     def force_release(self, group: str, name: str, kind: str = LOCK) -> bool:
         key = advisory_key(self.prefix, SEMAPHORE if kind == SEMAPHORE else LOCK, group, name)
@@ -212,8 +213,8 @@ class PostgresEngine(Engine):
         backend (a pooler in transaction or statement mode: certain, when the pooler is
         quiet enough to hand the second the backend the first just used, as pgbouncer does).
         See :mod:`~ylock.engines.postgres.poolers`."""
-        proxied, shared = self._run(poolers.detect_steps(self._pool, self.connect_timeout, self.socket_timeout))
-        return poolers.verdict(proxied, shared, self.scope, self.pooler, self.url_for_display())
+        proxied, shared = self._run(detect_steps(self._pool, self.connect_timeout, self.socket_timeout))
+        return verdict(proxied, shared, self.scope, self.pooler, self.url_for_display())
 
     # -- life cycle ---------------------------------------------------------------------------------------
 
