@@ -7,6 +7,7 @@ import contextlib
 import os
 import socket
 import threading
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import psycopg
@@ -16,10 +17,6 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from ylock import options as opt
 from ylock.engines.postgres.wire import Exchange
 from ylock.errors import ConfigurationError
-
-#: The engine's own options (everything else in a URL is a libpq connection parameter).
-OURS = {"scope", "max_connections", "idle_connections", "socket_timeout", "connect_timeout", "keepalive",
-        "prefix", "pooler"}
 
 
 class Hold(NamedTuple):
@@ -69,15 +66,16 @@ def keepalive_timing(keepalive: float) -> tuple[int, int]:
     return max(1, round(keepalive / 2)), max(1, round(keepalive / 6))
 
 
-def conninfo(url: str, libpq: dict[str, Any], keepalive: float) -> tuple[bytes, str, str]:
-    """Return the libpq connection string (URL and keyword parameters), checked; the
-    connection's own application name; the URL to display (no password)."""
+def conninfo(url: str, libpq: dict[str, Any], keepalive: float, ours: Iterable[str]) -> tuple[bytes, str, str]:
+    """Return the libpq connection string (URL and keyword parameters ``libpq``), checked;
+    the connection's own application name; the URL to display (no password). ``ours``: the
+    engine's own options, named in the error for a parameter libpq does not know."""
     known = {o.keyword.decode() for o in pq.Conninfo.get_defaults()}
     unknown = sorted(set(libpq) - known)
     if unknown:
         raise ConfigurationError(f"unknown PostgreSQL engine option{'s' if len(unknown) > 1 else ''} "
                                  f"{', '.join(unknown)}", code=opt.E_ENGINE_URL,
-                                 hint=f"ylock's: {', '.join(sorted(OURS))}; or a libpq connection parameter")
+                                 hint=f"ylock's: {', '.join(sorted(ours))}; or a libpq connection parameter")
     try:
         params = conninfo_to_dict(url, **{k: v for k, v in libpq.items() if v is not None})
     except (psycopg.Error, ValueError) as exc:      # ValueError: text that has no UTF-8 form

@@ -64,7 +64,7 @@ class PostgresEngine(Engine):
                                      f"40), got {prefix!r}", code=code)
         self.prefix = prefix
         self.url = url
-        self.conninfo, self.app_name, self._display = conninfo(url, libpq, self.keepalive)
+        self.conninfo, self.app_name, self._display = conninfo(url, libpq, self.keepalive, self.url_options)
         self.sql = Statements(prefix, self.scope)
         self._reset_state()
 
