@@ -32,6 +32,7 @@ import psycopg
 import ylock
 from bench.contended import analyse
 from bench.run import bench_parser, machine, rate, run_bench, runs_of, stats
+from ylock.engines.postgres.ops import Open, Query
 from ylock.testing.postgres import PostgresServer
 
 HERE = Path(__file__).resolve().parent
@@ -168,9 +169,9 @@ class PostgresBench:
         lock = ylock.Lock(engine, "bench", f"c{n}")
         lock.lock()
         lock.unlock()
-        sent: list[str] = []
+        sent: list[Any] = []
         do = engine._do  # type: ignore[attr-defined]
-        engine._do = lambda op: (sent.append(op[0]) if op[0] in ("query", "open") else None, do(op))[1]  # type: ignore[attr-defined]
+        engine._do = lambda op: (sent.append(op) if isinstance(op, (Query, Open)) else None, do(op))[1]  # type: ignore[attr-defined]
         for _ in range(100):
             lock.lock()
             lock.unlock()

@@ -23,6 +23,7 @@ from tests.postgres.conftest import advisory_rows, backend_of
 from ylock import events
 from ylock.engines.base import AcquireRequest
 from ylock.engines.postgres import PostgresEngine, advisory_key
+from ylock.engines.postgres.ops import Open, Query
 from ylock.testing.proxy import TcpProxy
 from ylock.waiting import DEFAULT_POLLING
 
@@ -112,9 +113,9 @@ def test_one_round_trip_acquires_with_its_token_and_one_releases(make_engine, gr
     calls: list[str] = []
     do = engine._do
 
-    def counting(op: tuple[Any, ...]) -> Any:
-        if op[0] in ("query", "open"):              # what goes to the server ("claim" is local)
-            calls.append(op[0])
+    def counting(op: Any) -> Any:
+        if isinstance(op, (Query, Open)):           # what goes to the server (Claim is local)
+            calls.append(type(op).__name__.lower())
         return do(op)
     lock(engine, group, "warm").lock()               # the connection is opened and set up here
     lock(engine, group, "warm").unlock()

@@ -1,5 +1,6 @@
-"""The PostgreSQL engine's statements, each opening with its contract: parameters ($n, all
-sent as text), what it returns, and why it is written that way.
+"""What the PostgreSQL engine says to the server: its statements, each opening with its
+contract (parameters, $n, all sent as text; what it returns; why it is written that way),
+and the names it gives things there (advisory keys, notification channels).
 
 Two scopes (see :mod:`ylock.engines.postgres`): ``session`` statements take session-level
 advisory locks and are prepared once per connection; ``transaction`` statements take
@@ -15,7 +16,32 @@ statement that fails is undone with it (GUC changes roll back with the transacti
 """
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
+
+#: All 64 bits of an advisory key, unsigned.
+MASK = (1 << 64) - 1
+
+
+def advisory_key(prefix: str, kind: str, group: str, name: str) -> int:
+    """Return the signed 64-bit advisory key of a lock (``kind`` "lock"), a semaphore's
+    holders ("semaphore") or its queue ("queue")."""
+    digest = hashlib.blake2b(f"{kind}\0{group}\0{name}".encode(), digest_size=8,
+                             key=prefix.encode()[:64]).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def halves(key: int) -> tuple[bytes, bytes]:
+    """Return pg_locks' (classid, objid) of a bigint key, as text."""
+    unsigned = key & MASK
+    return str(unsigned >> 32).encode(), str(unsigned & 0xFFFFFFFF).encode()
+
+
+def channel(key: int) -> str:
+    """Return the LISTEN/NOTIFY channel of a semaphore (``key``: its holders' key)."""
+    return f"ylock_{key & MASK:016x}"
+
 
 #: Created on first use (``IF NOT EXISTS``; a race between two first uses is retried).
 #: ``{names}``: which lock (or semaphore) a 64-bit advisory key stands for, so that
@@ -216,3 +242,15 @@ class Statements:
 
     def prune_stats(self) -> str:
         return self._fill("DELETE FROM {stats} WHERE until < now() - interval '1 hour'")
+
+
+#: Statements prepared on every session-scope connection (name -> Statements method); the
+#: executor sends them by name, ``ylock_<name>``.
+PREPARED: dict[str, Callable[[Statements], str]] = {
+    "try_x": lambda s: s.lock_try(False), "try_s": lambda s: s.lock_try(True),
+    "wait_x": lambda s: s.lock_wait(False), "wait_s": lambda s: s.lock_wait(True),
+    "down": Statements.downgrade, "rel": Statements.release, "give": Statements.give_back,
+    "sem_try": Statements.sem_try, "sem_wait": Statements.sem_wait, "sem_admit": Statements.sem_admit,
+    "sem_unq": Statements.sem_unqueue, "sem_rel": Statements.sem_release, "ping": lambda s: "SELECT 1",
+    "register": Statements.register, "sem_register": Statements.sem_register,
+}

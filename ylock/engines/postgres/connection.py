@@ -1,0 +1,123 @@
+"""One lock connection of the PostgreSQL engine and how it is configured: the libpq
+connection string (checked once, when the engine is built), the session settings of a
+lock connection, and what a connection carries while it serves a hold."""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from ylock import options as opt
+from ylock.engines.postgres.wire import Exchange
+from ylock.errors import ConfigurationError
+
+
+class Hold(NamedTuple):
+    """What a connection carries: one owner's holds (write, read, or a permit) of one lock
+    or semaphore (``kind``). The key of the engine's table of held connections."""
+
+    group: str
+    name: str
+    owner: str
+    kind: str
+
+
+class Conn:
+    """One lock connection: a libpq connection and what it carries (one owner's holds of
+    one lock, or nothing while pooled)."""
+
+    __slots__ = ("pg", "pid", "proxied", "busy", "pending", "reused", "answered", "broken", "cut", "hold", "key",
+                 "modes", "token", "listening", "channel", "queue_key")
+
+    def __init__(self, pg: Any, pid: int, proxied: bool) -> None:
+        self.pg = pg
+        self.pid = pid
+        self.proxied = proxied
+        self.busy = threading.Lock()          # whoever runs an exchange on it (owner or watchdog)
+        self.pending: Exchange | None = None  # an exchange in flight
+        self.reused = False                   # taken from the idle pool (maybe stale)
+        self.answered = False                 # answered since it was taken
+        self.broken = False                   # unusable: closed or in the middle of a message
+        self.cut = False                      # closed by us: the server did not answer in time
+        self.hold: Hold | None = None         # what it carries
+        self.key = 0
+        self.modes: set[str] = set()
+        self.token = 0
+        self.listening = False
+        self.channel = ""
+        self.queue_key = 0
+
+    def close(self) -> None:
+        self.broken = True
+        with contextlib.suppress(Exception):
+            self.pg.finish()
+
+
+def keepalive_timing(keepalive: float) -> tuple[int, int]:
+    """Return the keepalive idle time and probe interval (seconds) that notice a vanished
+    peer within about ``keepalive`` seconds (three probes)."""
+    return max(1, round(keepalive / 2)), max(1, round(keepalive / 6))
+
+
+def conninfo(url: str, libpq: dict[str, Any], keepalive: float, ours: Iterable[str]) -> tuple[bytes, str, str]:
+    """Return the libpq connection string (URL and keyword parameters ``libpq``), checked;
+    the connection's own application name; the URL to display (no password). ``ours``: the
+    engine's own options, named in the error for a parameter libpq does not know."""
+    known = {o.keyword.decode() for o in pq.Conninfo.get_defaults()}
+    unknown = sorted(set(libpq) - known)
+    if unknown:
+        raise ConfigurationError(f"unknown PostgreSQL engine option{'s' if len(unknown) > 1 else ''} "
+                                 f"{', '.join(unknown)}", code=opt.E_ENGINE_URL,
+                                 hint=f"ylock's: {', '.join(sorted(ours))}; or a libpq connection parameter")
+    try:
+        params = conninfo_to_dict(url, **{k: v for k, v in libpq.items() if v is not None})
+    except (psycopg.Error, ValueError) as exc:      # ValueError: text that has no UTF-8 form
+        raise ConfigurationError(f"invalid PostgreSQL URL or option: {exc}", code=opt.E_ENGINE_URL) from exc
+    idle, interval = keepalive_timing(keepalive)
+    # The client's side of keepalives: a waiter that waits forever notices a dead server.
+    for name, value in (("keepalives", 1), ("keepalives_idle", idle), ("keepalives_interval", interval),
+                        ("keepalives_count", 3), ("tcp_user_timeout", int(keepalive * 1000)),
+                        ("client_encoding", "UTF8")):
+        params.setdefault(name, value)
+    app = str(params.setdefault("application_name", "ylock"))
+    display = (f"postgresql://{params.get('user') or ''}{'@' if params.get('user') else ''}"
+               f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}/{params.get('dbname') or ''}")
+    try:
+        text = make_conninfo("", **params).encode()
+    except (psycopg.Error, ValueError) as exc:
+        raise ConfigurationError(f"invalid PostgreSQL URL or option: {exc}", code=opt.E_ENGINE_URL) from exc
+    return text, app, display
+
+
+def session_settings(keepalive: float, local: bool = False) -> str:
+    """Return the lock connections' session settings, as set_config() calls (``local``:
+    for the transaction only): no statement timeouts, commits flushed (the token sequence
+    must not go back), the server's side of keepalives (a holder's vanished machine frees
+    its locks within ``keepalive`` seconds), and a check for a vanished client while a
+    waiter waits."""
+    idle, interval = keepalive_timing(keepalive)
+    settings = {"idle_session_timeout": 0, "idle_in_transaction_session_timeout": 0, "lock_timeout": 0,
+                "statement_timeout": 0, "synchronous_commit": "on", "tcp_keepalives_idle": idle,
+                "tcp_keepalives_interval": interval, "tcp_keepalives_count": 3,
+                "tcp_user_timeout": int(keepalive * 1000), "client_connection_check_interval": 1000}
+    return "".join(f"set_config('{k}', '{v}', {'true' if local else 'false'}), " for k, v in settings.items())
+
+
+def proxied(pg: Any, server_port: bytes | None, client_port: bytes | None) -> bool:
+    """Return whether the server sees other ports than ours: a proxy in between (what it
+    means is :mod:`~ylock.engines.postgres.poolers`' to judge)."""
+    if server_port is None or client_port is None:
+        return False                               # a unix socket
+    try:
+        with socket.socket(fileno=os.dup(pg.socket)) as sock:
+            local, remote = sock.getsockname(), sock.getpeername()
+    except OSError:
+        return False
+    return int(server_port) != int(remote[1]) or int(client_port) != int(local[1])

@@ -1,0 +1,242 @@
+"""The PostgreSQL engine's executors: each operation of :mod:`~ylock.engines.postgres.ops`
+done blocking (:meth:`Executor.do`) or awaited (:meth:`Executor.ado`), on the wire of
+:mod:`~ylock.engines.postgres.wire`; and opening a lock connection."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ylock import options as opt
+from ylock.engines.postgres.connection import Conn, proxied
+from ylock.engines.postgres.ops import Cancel, Claim, Notified, Open, Query, Sleep, Stmt, Wait
+from ylock.engines.postgres.sql import PREPARED, WHO, Statements
+from ylock.engines.postgres.wire import (
+    Broken,
+    Exchange,
+    NoAnswer,
+    ServerError,
+    adrive,
+    cancel_io,
+    connect_io,
+    drive,
+    notified_io,
+    query_io,
+)
+from ylock.errors import ConfigurationError
+
+GONE = ("57P01", "57P02", "57P03", "57P05")    # the server ended the session
+_DUPLICATE = ("23505", "42P07", "42710")       # two first uses created the tables at once
+
+
+class Executor:
+    """Do the steps' operations for one engine: its statements (prepared in session scope),
+    its connection string and session settings."""
+
+    def __init__(self, sql: Statements, conninfo: bytes, settings: str, where: Callable[[], str]) -> None:
+        self.sql = sql
+        self.conninfo = conninfo
+        self.where = where
+        self.prepared = sql.scope == "session"
+        self.texts = {name: make(sql).encode() for name, make in PREPARED.items()}
+        self.who = (f"SELECT {settings if self.prepared else ''}{WHO}").encode()
+        self.ready = False                     # the tables exist (checked on the first connection)
+
+    def do(self, op: Any) -> Any:
+        """Do ``op``, blocking."""
+        if type(op) is Query:
+            conn = op.conn
+            ex = conn.pending = Exchange(query_io(conn.pg, self.sends(op.stmts)))
+            try:
+                result: Any = drive(ex, op.end)
+            except BaseException as exc:
+                self.failed(conn, exc)
+                raise
+            conn.pending = None
+            conn.answered = True
+            return result
+        if type(op) is Open:
+            return drive(self.open_io(), op.end)
+        if type(op) is Wait:
+            return op.mailbox.wait(op.timeout)
+        if type(op) is Claim:
+            if not op.conn.busy.acquire(timeout=max(0.0, op.end - time.monotonic())):
+                raise NoAnswer("the connection stayed busy")
+            return None
+        if type(op) is Notified:
+            try:
+                return drive(notified_io(op.conn.pg), time.monotonic() + op.timeout)
+            except NoAnswer:
+                return False
+        if type(op) is Cancel:
+            return self.cancel(op.conn, op.end, drive, op.cancel)
+        if type(op) is Sleep:
+            time.sleep(op.seconds)
+            return None
+        raise TypeError(f"not an operation of the PostgreSQL engine: {op!r}")
+
+    async def ado(self, op: Any) -> Any:
+        """Do ``op`` on the running event loop."""
+        if type(op) is Query:
+            conn = op.conn
+            ex = conn.pending = Exchange(query_io(conn.pg, self.sends(op.stmts)))
+            try:
+                result: Any = await adrive(ex, op.end)
+            except asyncio.CancelledError:
+                raise                              # the exchange stays pending: the steps cancel it
+            except BaseException as exc:
+                self.failed(conn, exc)
+                raise
+            conn.pending = None
+            conn.answered = True
+            return result
+        if type(op) is Open:
+            io = self.open_io()
+            try:
+                return await adrive(io, op.end)
+            except BaseException:
+                io.close()                         # closes a half-open connection
+                raise
+        if type(op) is Wait:
+            return await op.mailbox.await_(op.timeout)
+        if type(op) is Claim:
+            while not op.conn.busy.acquire(blocking=False):     # the watchdog's heartbeat: short
+                if time.monotonic() > op.end:
+                    raise NoAnswer("the connection stayed busy")
+                await asyncio.sleep(0.001)
+            return None
+        if type(op) is Notified:
+            try:
+                return await adrive(notified_io(op.conn.pg), time.monotonic() + op.timeout)
+            except NoAnswer:
+                return False
+        if type(op) is Cancel:
+            return await self.acancel(op.conn, op.end, op.cancel)
+        if type(op) is Sleep:
+            await asyncio.sleep(op.seconds)
+            return None
+        raise TypeError(f"not an operation of the PostgreSQL engine: {op!r}")
+
+    @staticmethod
+    def failed(conn: Conn, exc: BaseException) -> None:
+        """An exchange failed: decide whether the connection can still be used."""
+        if isinstance(exc, NoAnswer):
+            conn.cut = True
+            conn.close()                           # in the middle of a message: useless
+        elif isinstance(exc, Broken) or (isinstance(exc, ServerError) and (exc.fatal or exc.sqlstate in GONE)):
+            conn.close()
+        elif isinstance(exc, ServerError):
+            conn.pending = None                    # an error answer: the connection is fine
+            conn.answered = True
+        elif not isinstance(exc, Exception):
+            conn.close()                           # interrupted (KeyboardInterrupt...)
+
+    def cancel(self, conn: Conn, end: float, run: Callable[..., Any], cancel: bool = True) -> Any:
+        """Cancel the exchange in flight on ``conn`` (unless ``cancel`` is False: only finish
+        it) and read its outcome: its rows, or the error it ended with (never raised: the
+        caller gives back whatever it holds)."""
+        if conn.pending is None or conn.broken:
+            return None
+        try:
+            if cancel:
+                run(cancel_io(conn.pg), end)
+            return run(conn.pending, end)
+        except ServerError as exc:
+            self.failed(conn, exc)
+            return exc
+        except BaseException as exc:
+            self.failed(conn, exc if isinstance(exc, Exception) else NoAnswer())
+            conn.close()
+            return exc
+        finally:
+            conn.pending = None
+
+    async def acancel(self, conn: Conn, end: float, cancel: bool = True) -> Any:
+        """:meth:`cancel`, awaited."""
+        if conn.pending is None or conn.broken:
+            return None
+        try:
+            if cancel:
+                await adrive(cancel_io(conn.pg), end)
+            return await adrive(conn.pending, end)
+        except ServerError as exc:
+            self.failed(conn, exc)
+            return exc
+        except BaseException as exc:
+            conn.close()
+            return exc
+        finally:
+            conn.pending = None
+
+    def sends(self, stmts: Sequence[Stmt]) -> list[Callable[[Any], None]]:
+        """Return how to send each statement: prepared in session scope, else unnamed (what a
+        pooler in transaction mode lets through)."""
+        sends: list[Callable[[Any], None]] = []
+        for sql, params, said in stmts:
+            values = None if params is None else [None if p is None else p if isinstance(p, bytes) else _b(p)
+                                                  for p in params]
+            if self.prepared and not said and sql in PREPARED:
+                sends.append(_send_prepared(f"ylock_{sql}".encode(), values))
+            else:
+                text = self.texts.get(sql) or sql.encode()
+                if said:
+                    # What the owner is doing rides in a comment: pg_stat_activity shows the
+                    # statement a session ran last, so describe() reads it from there (no write).
+                    text = b"/* ylock:" + said.replace("*/", "*\\/").encode() + b" */ " + text
+                sends.append(_send_params(text, values))
+        return sends
+
+    def open_io(self) -> Any:
+        """Connect and set the session up: its settings and prepared statements, in one
+        pipeline (one round trip); the tables first, on the engine's first connection.
+        Return a :class:`Conn` ready for the pool."""
+        pg = yield from connect_io(self.conninfo)
+        pg.notice_handler = _ignore_notice
+        try:
+            if not self.ready:
+                setup = self.sql.setup().encode()
+                for attempt in range(3):
+                    try:
+                        yield from query_io(pg, [lambda pg: pg.send_query(setup)])
+                        break
+                    except ServerError as exc:
+                        if exc.sqlstate not in _DUPLICATE or attempt == 2:
+                            raise
+                self.ready = True
+            sends = [_send_params(self.who, None)]
+            if self.prepared:
+                sends += [_send_prepare(f"ylock_{name}".encode(), self.texts[name]) for name in PREPARED]
+            results = yield from query_io(pg, sends)
+            pid, server_port, client_port, version = results[0][0][-4:]
+            if int(version or 0) < 140000:
+                raise ConfigurationError(f"PostgreSQL at {self.where()} is version {int(version or 0)}; "
+                                         "ylock needs 14 or later", code=opt.E_ENGINE_URL)
+            return Conn(pg, int(pid or 0), proxied(pg, server_port, client_port))
+        except BaseException:
+            pg.finish()
+            raise
+
+
+def _b(value: object) -> bytes:
+    if value is True:
+        return b"t"
+    if value is False:
+        return b"f"
+    return str(value).encode()
+
+
+def _send_prepared(name: bytes, values: list[bytes | None] | None) -> Callable[[Any], None]:
+    return lambda pg: pg.send_query_prepared(name, values)
+
+
+def _send_params(text: bytes, values: list[bytes | None] | None) -> Callable[[Any], None]:
+    return lambda pg: pg.send_query_params(text, values)
+
+
+def _send_prepare(name: bytes, text: bytes) -> Callable[[Any], None]:
+    return lambda pg: pg.send_prepare(name, text)
+
+
+def _ignore_notice(result: Any) -> None:
+    """Notices (an unlock of what was not held, in a give-back) are expected: not printed."""

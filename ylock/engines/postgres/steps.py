@@ -1,0 +1,313 @@
+"""The PostgreSQL engine's steps: acquiring a lock or a semaphore's permit, downgrading a
+write hold, releasing, and giving back what a failed acquisition may have been granted.
+
+Written once as generators of :mod:`~ylock.engines.postgres.ops` operations, run blocking
+or awaited by the engine. Every wait is bounded twice: on the server (``lock_timeout`` =
+what is left of the caller's timeout) and on the client (each exchange's deadline is the
+timeout plus ``socket_timeout``). A grant can race with a timeout or a cancellation, so
+after a failed or abandoned wait the connection gives back whatever it holds of the key
+before it is reused.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, WRITE, Abandon, AcquireRequest, Steps
+from ylock.engines.postgres.connection import Conn, Hold
+from ylock.engines.postgres.ops import Cancel, Claim, Notified, Query, Sleep, Stmt
+from ylock.engines.postgres.pool import Pool
+from ylock.engines.postgres.poolers import check_session
+from ylock.engines.postgres.sql import advisory_key, channel, halves
+from ylock.errors import EngineUnavailable, LockError, LockTimeout
+
+_INT_MAX = 2**31 - 1
+
+
+class Attempt(NamedTuple):
+    """How one acquisition attempt on a connection ended: its ``token`` (None: not
+    granted), and whether the connection may hold the key anyway (``dirty``: a wait ended
+    by a timeout, which a grant may have raced) and must give it back."""
+
+    token: int | None
+    dirty: bool
+
+
+def kind_of(mode: str) -> str:
+    """Return what a hold in ``mode`` is of: a semaphore (a permit) or a lock."""
+    return SEMAPHORE if mode == PERMIT else LOCK
+
+
+class HoldSteps:
+    """The steps of one engine's holds: its key prefix, scope and pool."""
+
+    def __init__(self, pool: Pool, *, prefix: str, scope: str, socket_timeout: float, app_name: str,
+                 local_settings: str, where: Callable[[], str]) -> None:
+        self.pool = pool
+        self.prefix = prefix
+        self.xact = scope == "transaction"
+        self.socket_timeout = socket_timeout
+        self.app_name = app_name
+        self.local_settings = local_settings
+        self.where = where
+        self.registered: dict[int, int | None] = {}   # keys named in the names table (semaphores: permits)
+
+    # -- acquiring --------------------------------------------------------------------------------------
+
+    def acquire(self, r: AcquireRequest) -> Steps:
+        """Acquire ``r``: its token, or None when not granted within its deadline."""
+        kind = kind_of(r.mode)
+        hold = Hold(r.group, r.name, r.owner, kind)
+        bound = self.pool.held.get(hold)
+        if bound is not None:
+            if r.mode == READ and bound.modes == {WRITE}:
+                return (yield from self.downgrade(bound, r))
+            raise LockError(f"{r.owner} already holds {'/'.join(sorted(bound.modes))} here", group=r.group,
+                            name=r.name)
+        conn: Conn | None = yield from self.pool.checkout(r.deadline)
+        assert conn is not None
+        try:
+            while True:
+                try:
+                    if kind == LOCK:
+                        attempt = yield from self._lock(conn, r, hold)
+                    else:
+                        attempt = yield from self._permit(conn, r, hold)
+                except EngineUnavailable:
+                    if conn.reused and not conn.answered and conn.broken and not conn.cut:
+                        # A pooled connection that died while idle (a server restart): once more
+                        # on a new one.
+                        self.pool.checkin(conn)
+                        conn = None
+                        conn = yield from self.pool.checkout(r.deadline)
+                        continue
+                    raise
+                if attempt.token is None:
+                    if attempt.dirty:              # a wait that ended: the grant may have raced it
+                        yield from self.give_back(conn, r, kind)
+                    else:
+                        self.pool.checkin(conn)
+                conn = None
+                return attempt.token
+        except GeneratorExit:
+            if conn is not None:
+                self.pool.discard(conn)
+            raise
+        except Abandon:
+            if conn is not None:
+                yield Cancel(conn, time.monotonic() + self.socket_timeout)
+                yield from self.give_back(conn, r, kind)
+            raise
+        except BaseException:
+            if conn is not None:
+                if conn.pending is not None:
+                    conn.close()
+                yield from self.give_back(conn, r, kind)
+            raise
+
+    def _lease_ms(self, r: AcquireRequest) -> int:
+        return max(1, min(_INT_MAX, int(r.lease * 1000)))
+
+    def _wait_ms(self, deadline: float | None) -> int:
+        if deadline is None:
+            return 0
+        left = int((deadline - time.monotonic()) * 1000 + 0.999)
+        return 0 if left > _INT_MAX else max(1, left)
+
+    def _begin(self) -> list[Stmt]:
+        """Transaction scope: what opens a hold's transaction (sent with its first statement):
+        the session settings, local to the transaction (a pooler's server connection is
+        shared: nothing may outlive the hold on it)."""
+        return [Stmt("BEGIN"), Stmt(f"SELECT {self.local_settings}1")]
+
+    def _end(self, deadline: float | None) -> float | None:
+        """Return the client's deadline of an exchange: the call's deadline plus one socket timeout."""
+        return None if deadline is None else max(deadline, time.monotonic()) + self.socket_timeout
+
+    def _granted(self, conn: Conn, r: AcquireRequest, hold: Hold, key: int, mode: str, token: int, pid: int) -> None:
+        if not self.xact:
+            check_session(conn, pid, self.where, r.group, r.name)
+        self.pool.bind(conn, hold, key, mode, token)
+
+    def _lock(self, conn: Conn, r: AcquireRequest, hold: Hold) -> Steps:
+        key = advisory_key(self.prefix, LOCK, r.group, r.name)
+        shared = r.mode == READ
+        if self.xact and key not in self.registered:
+            yield Query(conn, [Stmt("register", [key, r.group, r.name])], self._end(time.monotonic()))
+            self.registered[key] = None
+        args: list[Any] = [key, r.group, r.name, r.owner, self._lease_ms(r)]
+        if r.deadline is not None and time.monotonic() >= r.deadline:
+            stmts = [Stmt("try_s" if shared else "try_x", args, r.context)]
+        else:
+            stmts = [Stmt("wait_s" if shared else "wait_x", [*args, self._wait_ms(r.deadline)], r.context)]
+        if self.xact:
+            stmts = [*self._begin(), *stmts]
+        try:
+            results = yield Query(conn, stmts, self._end(r.deadline))
+        except LockTimeout:
+            return Attempt(None, True)             # lock_timeout: a grant may have raced it
+        rows = results[-1]
+        if not rows:
+            if self.xact:
+                yield Query(conn, [Stmt("ROLLBACK")], self._end(time.monotonic()))
+            return Attempt(None, False)
+        token, pid = int(rows[0][0] or 0), int(rows[0][1] or 0)
+        self._granted(conn, r, hold, key, r.mode, token, pid)
+        return Attempt(token, False)
+
+    def downgrade(self, conn: Conn, r: AcquireRequest) -> Steps:
+        """The write holder takes the read lock on its own connection: granted at once."""
+        end = time.monotonic() + self.socket_timeout
+        if not conn.busy.acquire(blocking=False):
+            yield Claim(conn, end)                 # a heartbeat is on it: wait (one round trip at most)
+        give = Stmt("give", [conn.key, *halves(conn.key), True, None])      # the read lock only
+        try:
+            try:
+                yield Query(conn, [Stmt("down", [conn.key, max(1, int(self.socket_timeout * 1000))], r.context)],
+                            end)
+            except LockTimeout:
+                yield Query(conn, [give], time.monotonic() + self.socket_timeout)
+                return None
+            except EngineUnavailable:
+                if conn.broken:
+                    return None                    # the write hold went with its connection
+                raise
+            except Abandon:
+                # Cancelled: the statement is granted at once, so read its end and give the
+                # read lock back (the write hold stays, on this connection).
+                yield Cancel(conn, time.monotonic() + self.socket_timeout, cancel=False)
+                if not conn.broken:
+                    with contextlib.suppress(LockError, EngineUnavailable):
+                        yield Query(conn, [give], time.monotonic() + self.socket_timeout)
+                raise
+            conn.modes.add(READ)
+            return conn.token
+        finally:
+            conn.busy.release()
+
+    def give_back(self, conn: Conn, r: AcquireRequest, kind: str) -> Steps:
+        """After a failed, timed-out or abandoned acquisition: release whatever the
+        connection holds of this key (the grant can race with the failure), then pool it.
+        A connection that cannot be cleaned is closed: the server drops its locks."""
+        if conn.broken:
+            self.pool.discard(conn)
+            return
+        if kind == LOCK:
+            key = advisory_key(self.prefix, LOCK, r.group, r.name)
+            stmts = [Stmt("give", [key, *halves(key), r.mode == READ, self.app_name])]
+        else:
+            key = advisory_key(self.prefix, SEMAPHORE, r.group, r.name)
+            queue = advisory_key(self.prefix, "queue", r.group, r.name)
+            stmts = [Stmt("give", [key, *halves(key), True, self.app_name]),
+                     Stmt("give", [queue, *halves(queue), False, self.app_name])]
+            if conn.listening:
+                stmts.append(Stmt("UNLISTEN *"))
+        if self.xact:
+            stmts = [Stmt("ROLLBACK"), *stmts]
+        for attempt in range(2):
+            try:
+                yield Query(conn, stmts, time.monotonic() + self.socket_timeout)
+                conn.listening = False
+                break
+            except (LockError, EngineUnavailable) as exc:
+                # A cancel request that arrived late cancels the next statement: once more.
+                if conn.broken or attempt or "57014" not in str(exc.__cause__ or ""):
+                    conn.close()
+                    break
+        self.pool.checkin(conn)
+
+    # -- semaphores ---------------------------------------------------------------------------------------
+
+    def _permit(self, conn: Conn, r: AcquireRequest, hold: Hold) -> Steps:
+        key = advisory_key(self.prefix, SEMAPHORE, r.group, r.name)
+        queue = advisory_key(self.prefix, "queue", r.group, r.name)
+        if self.registered.get(key) != r.permits:
+            yield Query(conn, [Stmt("sem_register", [key, queue, r.group, r.name, r.permits])],
+                        self._end(time.monotonic()))
+            self.registered[key] = r.permits
+        args: list[Any] = [queue, key, *halves(key), r.permits, r.owner, self._lease_ms(r)]
+        stmts = [Stmt("sem_try", args, r.context)]
+        if self.xact:
+            stmts = [*self._begin(), *stmts]
+        results = yield Query(conn, stmts, self._end(r.deadline))
+        queued, token, pid = results[-1][0]
+        if int(queued or 0) and token is None and r.deadline is not None and time.monotonic() >= r.deadline:
+            return Attempt(None, True)             # full, and no time to wait: give the queue back
+        if not int(queued or 0) and token is None:
+            if r.deadline is not None and time.monotonic() >= r.deadline:
+                if self.xact:
+                    yield Query(conn, [Stmt("ROLLBACK")], self._end(time.monotonic()))
+                return Attempt(None, False)
+            try:
+                results = yield Query(conn, [Stmt("sem_wait", [*args, self._wait_ms(r.deadline)], r.context)],
+                                      self._end(r.deadline))
+            except LockTimeout:
+                return Attempt(None, True)
+            queued, token, pid = results[-1][0]
+        if token is None:
+            # We are the head of the queue: admitted when a holder leaves (we hear its NOTIFY,
+            # or find out at a poll: a holder that vanished notifies nobody).
+            if not self.xact:
+                yield Query(conn, [Stmt(f'LISTEN "{channel(key)}"')], self._end(time.monotonic()))
+                conn.listening = True
+            intervals = r.polling.intervals()
+            while True:
+                results = yield Query(conn, [Stmt("sem_admit", args, r.context)], self._end(time.monotonic()))
+                queued, token, pid = results[-1][0]
+                if token is not None:
+                    break
+                left = None if r.deadline is None else r.deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return Attempt(None, True)     # the caller gives Q back
+                wait = next(intervals) if left is None else min(next(intervals), left)
+                if conn.listening:
+                    yield Notified(conn, wait)
+                else:
+                    yield Sleep(wait)
+        conn.channel, conn.queue_key = channel(key), queue
+        self._granted(conn, r, hold, key, PERMIT, int(token), int(pid or 0))
+        return Attempt(int(token), False)
+
+    # -- releasing --------------------------------------------------------------------------------------
+
+    def release(self, group: str, name: str, owner: str, mode: str) -> Steps:
+        """Release ``owner``'s hold in ``mode``: True if it was still held."""
+        kind = kind_of(mode)
+        conn = self.pool.held.get(Hold(group, name, owner, kind))
+        if conn is None or mode not in conn.modes:
+            return False
+        end = time.monotonic() + self.socket_timeout
+        last = len(conn.modes) == 1
+        if not conn.busy.acquire(blocking=False):
+            yield Claim(conn, end)                 # a heartbeat is on it: wait (one round trip at most)
+        try:
+            if conn.broken:
+                return False
+            stmts: list[Stmt]
+            if self.xact:
+                if not last:
+                    return True                    # a transaction lock is released with the others
+                stmts = [Stmt("SELECT pg_notify($1, '')", [conn.channel])] if kind == SEMAPHORE else []
+                stmts.append(Stmt("COMMIT"))
+            elif kind == SEMAPHORE:
+                stmts = [Stmt("sem_rel", [conn.key, conn.channel, self.app_name])]
+            else:
+                stmts = [Stmt("rel", [conn.key, mode == READ, last, self.app_name])]
+            if conn.listening and last:
+                stmts.append(Stmt("UNLISTEN *"))
+            try:
+                results = yield Query(conn, stmts, end)
+            except EngineUnavailable:
+                if conn.cut:
+                    raise                          # no answer: we closed it; the server frees the lock on noticing
+                return False                       # the server had ended the session: the lock was gone
+            conn.listening = False
+            return self.xact or results[0][0][0] == b"t"
+        finally:
+            conn.modes.discard(mode)
+            if last or conn.broken:
+                self.pool.checkin(conn)
+            else:
+                conn.busy.release()
