@@ -39,9 +39,10 @@ The protocol, on kazoo's public asynchronous API (no recipe, no kazoo internals)
   the background, and its repeated connection errors are logged once a minute, not per
   attempt.
 * **The client**: a kazoo client with a handler of our own (kazoo's ``handler=`` option,
-  :class:`~ylock.engines.zookeeper.handler.Handler`): its connection thread waits with a ``poll`` object instead of
-  building an epoll selector on every wait, and runs this engine's watches itself (they
-  never block) instead of handing each to kazoo's callback thread. Per uncontended
+  :class:`~ylock.engines.zookeeper.handler.Handler`): its connection thread waits with a
+  ``poll`` object instead of building an epoll selector on every wait, and runs this
+  engine's watches itself (they never block) instead of handing each to kazoo's callback
+  thread. Per uncontended
   acquire+release that is most of the client's CPU time, and one thread switch less.
 * **Tidying** (:class:`~ylock.engines.zookeeper.keeper.LockKeeper`): lock parents unused for
   ``idle`` seconds are deleted by a background thread, so fine-grained locks do not grow
