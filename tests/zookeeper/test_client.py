@@ -1,4 +1,4 @@
-"""The engine's kazoo handler (ylock.engines.zookeeper._Handler): its select answers as
+"""The engine's kazoo handler (ylock.engines.zookeeper.handler.Handler): its select answers as
 kazoo's own does, the engine's watches run in kazoo's connection thread, and nothing else
 does (a user's watch on ``engine.client``, a "lost" event's subscribers), so either may
 block or call kazoo synchronously without stopping the connection."""
@@ -13,7 +13,7 @@ from kazoo.handlers.threading import SequentialThreadingHandler
 import ylock
 from tests.helpers import wait_until, waiters
 from ylock import events
-from ylock.engines.zookeeper import _Handler
+from ylock.engines.zookeeper.handler import Handler
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def sockets():
 
 def test_select_answers_as_kazoos_own(sockets):
     a, b = sockets
-    ours, theirs = _Handler(), SequentialThreadingHandler()
+    ours, theirs = Handler(), SequentialThreadingHandler()
     cases = [([a], [], 0.01), ([], [a], 0.01), ([b, a], [], 0.01)]
     before = [theirs.select(r, w, [], t) for r, w, t in cases]
     assert before == [([], [], []), ([], [a], []), ([], [], [])]

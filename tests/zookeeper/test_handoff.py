@@ -1,5 +1,5 @@
-"""The handoff shortcut of the ZooKeeper engine (ylock.engines.zookeeper._Handoff): a
-waiter whose only blocker was deleted takes the lock without reading the children again,
+"""The handoff shortcut of the ZooKeeper engine (``_wait`` in ylock.engines.zookeeper.engine):
+a waiter whose only blocker was deleted takes the lock without reading the children again,
 and only then. Each lock below is taken from its own thread (its own owner)."""
 from __future__ import annotations
 

@@ -1,0 +1,40 @@
+"""The ZooKeeper engine: a fair read-write lock and semaphore on ZooKeeper's sequential
+ephemeral nodes, through kazoo's public asynchronous API (no recipe, no kazoo internals).
+
+URL::
+
+    zookeeper://[user:password@]host1:2181,host2:2181[/chroot][?options]
+
+``user:password`` become kazoo ``digest`` auth. Options (query parameters or keyword
+arguments): ``session_timeout`` (seconds, default 10: this is the lease: a holder whose
+session expires loses its locks), ``connect_timeout`` (default 2: the longest one request
+may take, and how long the first call waits for the first connection), ``root`` (the
+znode under which locks live, default ``/ylock``), ``idle`` (seconds after which an
+unused lock parent znode is deleted, default 2).
+
+Guarantees: exclusion holds while the holder's session lives; quorum writes are not lost
+on failover. A session that expires (the process paused past ``session_timeout``, or cut
+off) marks every hold lost (``lock.lost``, ``LockLost`` at release, a ``lost`` event); a
+suspended connection publishes ``suspended``, its return ``reconnected``. Fencing token:
+the node's ``czxid``; zxids increase across the ensemble, so tokens strictly increase per
+lock name, also after its parent was deleted.
+
+The package, by concern:
+
+* ``engine``: :class:`ZooKeeperEngine`, the lock protocol's steps (its docstring describes
+  the protocol);
+* ``url``: the URL and options, checked once (``Settings``);
+* ``session``: the kazoo client, its connection and session state, and what that state
+  means for the holds (suspended, reconnected, lost); kazoo errors translated;
+* ``handler``: the kazoo handler (a cheaper wait; the engine's watches run in kazoo's
+  connection thread);
+* ``ops``: the operations the steps yield and their sync and asyncio executors;
+* ``claim``: one owner's node on one lock;
+* ``keeper``: the LockKeeper: the claims table, held claims' watches, background deletes
+  and tidying of idle lock parents;
+* ``paths``: the znode grammar (paths, escaping, node names, who blocks whom);
+* ``inspection``: describe, stats and force-release.
+"""
+from ylock.engines.zookeeper.engine import ZooKeeperEngine
+
+__all__ = ["ZooKeeperEngine"]
