@@ -5,7 +5,22 @@ URL::
 
     zookeeper://[user:password@]host1:2181,host2:2181[/chroot][?options]
 
-``user:password`` become kazoo ``digest`` auth. Options (query parameters or keyword
+``user:password`` become kazoo ``digest`` auth, and the owner of every node ylock creates:
+``acl`` says who else may touch them: ``creator`` (the default with credentials: only
+clients authenticated as that user may read or change them), ``read`` (the same, and anyone
+may read: list locks, holders and waiters, as an operator's tool does, but change nothing),
+``open`` (anyone may do anything: the only mode without credentials). Nodes an older ylock
+created open stay open until they are deleted (idle lock parents are, after ``idle``).
+
+TLS: ``tls=1`` (implied by any of the next three), ``ca`` (the CA bundle that signs the
+servers' certificates; default: the system's), ``certfile`` and ``keyfile`` (a client
+certificate and its key, both or neither, for servers that require one: mutual TLS),
+``verify_certs`` (default 1; 0 skips checking the server's certificate: never in
+production), ``check_hostname`` (default: as ``verify_certs``; the host name or IP in the
+URL must be in the server's certificate; 0 for certificates that do not name the hosts as
+the URL does). Files are checked to exist when the engine is made. Every message that quotes the URL hides its password.
+
+Options (query parameters or keyword
 arguments): ``session_timeout`` (seconds, default 10: this is the lease: a holder whose
 session expires loses its locks), ``connect_timeout`` (default 2: the longest one request
 may take, and how long the first call waits for the first connection), ``root`` (the

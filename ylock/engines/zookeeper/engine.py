@@ -99,12 +99,13 @@ class ZooKeeperEngine(Engine):
     def __init__(self, url: str, *, session_timeout: float = 10.0, connect_timeout: float = 2.0,
                  root: str = "/ylock", idle: float = 2.0, suspended: str = "guard",
                  lost_after: float = 0.5, acl: str | None = None, tls: bool | None = None, ca: str | None = None,
-                 certfile: str | None = None, keyfile: str | None = None, verify_certs: bool = True) -> None:
+                 certfile: str | None = None, keyfile: str | None = None, verify_certs: bool = True,
+                 check_hostname: bool | None = None) -> None:
         super().__init__()
         self.settings = settings = parse_url(url, session_timeout=session_timeout, connect_timeout=connect_timeout,
                                              root=root, idle=idle, suspended=suspended, lost_after=lost_after,
                                              acl=acl, tls=tls, ca=ca, certfile=certfile, keyfile=keyfile,
-                                             verify_certs=verify_certs)
+                                             verify_certs=verify_certs, check_hostname=check_hostname)
         self.url = settings.url
         self.hosts = settings.hosts
         self.auth = settings.auth

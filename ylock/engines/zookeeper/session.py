@@ -75,6 +75,7 @@ class Session:
         self.connected = threading.Event()
         self._tried = False                      # a first connection was waited for already
         self._connect_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self.last_problem = ""                   # kazoo's last warning (a refused TLS handshake...)
 
     # -- the client ---------------------------------------------------------------------------
 
@@ -107,7 +108,7 @@ class Session:
         client = KazooClient(hosts=s.hosts, timeout=s.session_timeout, auth_data=s.auth_data(),
                              default_acl=s.default_acl(),     # every node ylock creates (creates pass no acl)
                              connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
-                             logger=kazoo_logger,
+                             logger=_LastProblem(kazoo_logger, self),
                              handler=Handler() if hasattr(select, "poll") else None,
                              **s.tls_options())
         if s.suspended != WAIT and not observe_negotiation(client, self.guard):
@@ -170,6 +171,9 @@ class Session:
                     events.publish(kind, h.group, h.name, self.engine.scheme, None, owner=h.owner, token=h.token,
                                    detail=f"ZooKeeper connection {'suspended' if state != 'CONNECTED' else 'back'}")
 
+    def _why(self) -> str:
+        return f" (last: {self.last_problem})" if self.last_problem and not self.connected.is_set() else ""
+
     def connect_wait(self, left: float | None, deadline: float | None) -> float:
         """Return how long a call may wait for a connection: the first call of the engine up
         to ``connect_timeout`` (a cold start), later ones only within their own deadline (the
@@ -186,7 +190,8 @@ class Session:
         raise EngineUnavailable if it is not up by then."""
         self.client()
         if not self.connected.wait(timeout):
-            raise EngineUnavailable(f"ZooKeeper at {self.hosts} is not connected after {timeout:.3g} s")
+            raise EngineUnavailable(f"ZooKeeper at {self.hosts} is not connected after {timeout:.3g} s"
+                                    f"{self._why()}")
 
     async def await_connected(self, timeout: float) -> None:
         """:meth:`wait_connected` for asyncio: the state listener resolves a future, so no
@@ -203,7 +208,8 @@ class Session:
         try:
             await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
-            raise EngineUnavailable(f"ZooKeeper at {self.hosts} is not connected after {timeout:.3g} s") \
+            raise EngineUnavailable(f"ZooKeeper at {self.hosts} is not connected after {timeout:.3g} s"
+                                    f"{self._why()}") \
                 from None
 
     # -- loss and errors ---------------------------------------------------------------------------
@@ -245,6 +251,23 @@ class Session:
         if isinstance(exc, KazooException):
             return LockError(f"ZooKeeper at {self.hosts} failed: {type(exc).__name__} {exc}", group=group, name=name)
         return exc
+
+
+class _LastProblem(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """kazoo's logger for one session: it also keeps kazoo's last warning on the session,
+    so that "not connected" can say why (a TLS handshake refused, a connection refused)."""
+
+    def __init__(self, logger: logging.Logger, session: Session) -> None:
+        super().__init__(logger, {})
+        self.session = session
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: object) -> None:
+        if level >= logging.WARNING:
+            try:
+                self.session.last_problem = (str(msg) % args if args else str(msg))[:300]
+            except (TypeError, ValueError):
+                self.session.last_problem = str(msg)[:300]
+        super().log(level, msg, *args, **kwargs)  # type: ignore[arg-type]
 
 
 class _OncePerMinute(logging.Filter):

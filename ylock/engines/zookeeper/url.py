@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
-from kazoo.security import ACL, CREATOR_ALL_ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, make_digest_acl
 
 from ylock import options as opt
 from ylock.engines.base import parse_bool
@@ -25,7 +25,8 @@ from ylock.errors import ConfigurationError
 URL_OPTIONS: dict[str, Callable[[str], Any]] = {"session_timeout": float, "connect_timeout": float,
                                                 "root": str, "idle": float, "suspended": str,
                                                 "lost_after": float, "acl": str, "tls": parse_bool, "ca": str,
-                                                "certfile": str, "keyfile": str, "verify_certs": parse_bool}
+                                                "certfile": str, "keyfile": str, "verify_certs": parse_bool,
+                                                "check_hostname": parse_bool}
 
 #: The ``acl`` option: who may do what with the nodes ylock creates (with credentials).
 ACL_MODES = ("creator", "read", "open")
@@ -60,25 +61,28 @@ class Settings:
     certfile: str | None            # client certificate (mutual TLS)
     keyfile: str | None             # its key
     verify_certs: bool
+    check_hostname: bool
 
-    def default_acl(self) -> list[ACL] | None:
-        """Return the ACL of every node ylock creates (None: kazoo's open default).
+    def default_acl(self) -> list[ACL]:
+        """Return the ACL of every node ylock creates.
 
-        ``creator``: only clients authenticated as the URL's user may do anything with
-        them; ``read``: the same, and anyone may also read them (list locks and waiters,
-        read a holder's node) but change nothing; ``open``: anyone may do anything."""
-        if self.acl == "creator":
-            return list(CREATOR_ALL_ACL)
-        if self.acl == "read":
-            return list(CREATOR_ALL_ACL) + list(READ_ACL_UNSAFE)
-        return list(OPEN_ACL_UNSAFE)
+        ``creator``: only clients authenticated with the URL's user and password may do
+        anything with them; ``read``: the same, and anyone may also read them (list locks
+        and waiters, read a holder's node) but change nothing; ``open``: anyone may do
+        anything. The owner is the digest identity alone (not kazoo's ``auth`` scheme,
+        which would also grant a mutual-TLS client's certificate identity: every client
+        sharing that certificate would own the nodes)."""
+        if self.acl == "open" or self.auth is None:
+            return list(OPEN_ACL_UNSAFE)
+        owner = make_digest_acl(self.auth.user, self.auth.password, all=True)
+        return [owner] + (list(READ_ACL_UNSAFE) if self.acl == "read" else [])
 
     def tls_options(self) -> dict[str, Any]:
         """Return kazoo's TLS keyword arguments ({} without TLS)."""
         if not self.tls:
             return {}
         return {"use_ssl": True, "ca": self.ca, "certfile": self.certfile, "keyfile": self.keyfile,
-                "verify_certs": self.verify_certs}
+                "verify_certs": self.verify_certs, "check_hostname": self.check_hostname}
 
     def auth_data(self) -> list[tuple[str, str]] | None:
         """Return kazoo's ``auth_data`` for the URL's credentials (None without any)."""
@@ -88,7 +92,7 @@ class Settings:
 def parse_url(url: str, *, session_timeout: float, connect_timeout: float, root: str, idle: float,
               suspended: str = "guard", lost_after: float = 0.5, acl: str | None = None, tls: bool | None = None,
               ca: str | None = None, certfile: str | None = None, keyfile: str | None = None,
-              verify_certs: bool = True) -> Settings:
+              verify_certs: bool = True, check_hostname: bool | None = None) -> Settings:
     """Return the Settings of ``url`` and the options; raise ConfigurationError naming the
     URL (redacted) or the option that is wrong."""
     from ylock.engines import redact  # ylock.engines imports the engines' packages lazily
@@ -133,14 +137,22 @@ def parse_url(url: str, *, session_timeout: float, connect_timeout: float, root:
     verify_certs = opt.boolean(verify_certs, f"{_WHERE} verify_certs", code=opt.E_ENGINE_URL)
     if not tls and any(files.values()):
         raise ConfigurationError(f"{_WHERE} ca, certfile and keyfile need tls=1, got tls=0", code=opt.E_ENGINE_URL)
-    if files["keyfile"] and not files["certfile"]:
-        raise ConfigurationError(f"{_WHERE} keyfile needs certfile (the client certificate)", code=opt.E_ENGINE_URL)
+    if bool(files["keyfile"]) != bool(files["certfile"]):
+        # kazoo loads a client certificate only with both (a combined PEM alone is ignored).
+        raise ConfigurationError(f"{_WHERE} certfile and keyfile go together (the client certificate and its key)",
+                                 code=opt.E_ENGINE_URL)
+    # The server's name is checked against its certificate unless certificates are not checked
+    # at all (kazoo's own default is not to check it).
+    check_hostname = opt.boolean(verify_certs if check_hostname is None else check_hostname,
+                                 f"{_WHERE} check_hostname", code=opt.E_ENGINE_URL)
+    if check_hostname and not verify_certs:
+        raise ConfigurationError(f"{_WHERE} check_hostname=1 needs verify_certs=1", code=opt.E_ENGINE_URL)
     return Settings(
         url=url,
         hosts=hosts + (parts.path.rstrip("/") if parts.path not in ("", "/") else ""),
         auth=auth, session_timeout=session, connect_timeout=connect, root=root, idle=idle, suspended=suspended,
         lost_after=float(lost_after), acl=acl, tls=tls, ca=files["ca"], certfile=files["certfile"],
-        keyfile=files["keyfile"], verify_certs=verify_certs)
+        keyfile=files["keyfile"], verify_certs=verify_certs, check_hostname=check_hostname)
 
 
 def check_option_names(options: dict[str, Any]) -> None:
