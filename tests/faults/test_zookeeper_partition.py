@@ -46,11 +46,12 @@ def partitionable() -> Iterator[PartitionableEnsemble]:
 
 
 def _scenario(ensemble: PartitionableEnsemble, engines: Any, journal: Any, group: str,
-              suspended: str) -> dict[str, Any]:
-    """Hold on a follower, queue a waiter elsewhere, cut the follower off; return the records
-    and times (monotonic) once the waiter was granted and the partition healed."""
+              suspended: str, role: str = "follower") -> dict[str, Any]:
+    """Hold on a server of ``role`` (follower or leader), queue a waiter on the two others,
+    cut the holder's server off; return the records and times (monotonic) once the waiter
+    was granted and the partition healed."""
     ensemble.wait_serving()
-    follower = next(n.sid for n in ensemble.nodes if n.mode() == "follower")
+    follower = next(n.sid for n in ensemble.nodes if n.mode() == role)
     others = [n.sid for n in ensemble.nodes if n.sid != follower]
     holder_engine = engines(ensemble.url(follower, chroot=f"/{group}")
                             + f"?session_timeout={SESSION:g}&connect_timeout=1&suspended={suspended}")
@@ -90,7 +91,7 @@ def _scenario(ensemble: PartitionableEnsemble, engines: Any, journal: Any, group
             waiter.kill()
     journal.add(w_record)
     return {"cut": cut, "healed": healed, "h": h_record, "w": w_record,
-            "follower": follower, "why": why}
+            "follower": follower, "why": why}  # "follower": the sid of the server cut off
 
 
 @pytest.mark.parametrize("run", range(5))
@@ -111,6 +112,19 @@ def test_holder_cut_off_from_the_quorum_is_told_before_anyone_is_granted(partiti
     figures(f"run {run}: follower {r['follower']} cut off: holder told lost {h.lost_at - r['cut']:.3f} s, "
             f"waiter granted {w.granted - r['cut']:.3f} s after the cut (session {SESSION:g} s); margin "
             f"{w.granted - h.lost_at:.3f} s; {verdict}")
+
+
+def test_holder_on_a_cut_off_leader_is_told_before_anyone_is_granted(partitionable, engines, journal, group,
+                                                                    figures):
+    """The same with the holder on the leader: the two others elect a new leader, which
+    gives every session a fresh timeout; the holder is told long before."""
+    r = _scenario(partitionable, engines, journal, group, "guard", role="leader")
+    h, w = r["h"], r["w"]
+    assert h.outcome == "lost" and h.lost_at is not None and h.ended < w.granted, (h, w)
+    assert r["cut"] < w.granted < r["healed"] and w.token > h.token and h.rejected == 0, (h, w)
+    verdict = journal.check()
+    figures(f"leader {r['follower']} cut off: holder told lost {h.lost_at - r['cut']:.3f} s, waiter granted "
+            f"{w.granted - r['cut']:.3f} s after the cut (session {SESSION:g} s); {verdict}")
 
 
 def test_without_the_guard_the_cut_off_holder_overlaps(partitionable, engines, journal, group, figures):

@@ -24,7 +24,10 @@ so the leader's last touch is at least ``s - tickTime / 2 - T / 6``, and the ses
 expire before ``s + T - tickTime / 2 - T / 6``. The server negotiates ``T >= 2 * tickTime``,
 so that is at least ``s + 7T/12``: ``s + T/2`` comes first, by ``T / 12`` or more (the
 leader also rounds expiry up to the next tick, and a waiter's grant needs a round trip more).
-A new leader gives every session a fresh ``T``, so an election only adds margin.
+A new leader gives every session a fresh ``T``, so an election only adds margin. A leader
+cut off from its followers answers syncs itself until it steps down (``syncLimit *
+tickTime`` after the cut, when its followers notice too): the holder is told that much
+later, but the others must first elect a new leader, whose fresh ``T`` starts after that.
 
 The negotiated ``T`` is read from kazoo at each connection (:func:`observe_negotiation`); a
 connection established to the session (a reconnection the quorum validated) counts as
