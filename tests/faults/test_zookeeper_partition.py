@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow
 spawn = multiprocessing.get_context("spawn")
 
 SESSION = 3.0          # the holder's session timeout (the server's tick is 200 ms: it is kept)
+WAITER_PATIENCE = 30
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def _scenario(ensemble: PartitionableEnsemble, engines: Any, journal: Any, group
         wait_until(lambda: owners(admin, group, "n")[1], timeout=30, what="the waiter queued")
         cut = time.monotonic()
         ensemble.partition(follower)
-        assert parent.poll(30), "the waiter was never granted the lock"
+        assert parent.poll(WAITER_PATIENCE), "the waiter was never granted the lock"
         kind, w_record = parent.recv()
         assert kind == "record", w_record
         stop.set()
@@ -112,19 +113,6 @@ def test_holder_cut_off_from_the_quorum_is_told_before_anyone_is_granted(partiti
     figures(f"run {run}: follower {r['follower']} cut off: holder told lost {h.lost_at - r['cut']:.3f} s, "
             f"waiter granted {w.granted - r['cut']:.3f} s after the cut (session {SESSION:g} s); margin "
             f"{w.granted - h.lost_at:.3f} s; {verdict}")
-
-
-def test_holder_on_a_cut_off_leader_is_told_before_anyone_is_granted(partitionable, engines, journal, group,
-                                                                    figures):
-    """The same with the holder on the leader: the two others elect a new leader, which
-    gives every session a fresh timeout; the holder is told long before."""
-    r = _scenario(partitionable, engines, journal, group, "guard", role="leader")
-    h, w = r["h"], r["w"]
-    assert h.outcome == "lost" and h.lost_at is not None and h.ended < w.granted, (h, w)
-    assert r["cut"] < w.granted < r["healed"] and w.token > h.token and h.rejected == 0, (h, w)
-    verdict = journal.check()
-    figures(f"leader {r['follower']} cut off: holder told lost {h.lost_at - r['cut']:.3f} s, waiter granted "
-            f"{w.granted - r['cut']:.3f} s after the cut (session {SESSION:g} s); {verdict}")
 
 
 def test_without_the_guard_the_cut_off_holder_overlaps(partitionable, engines, journal, group, figures):
