@@ -113,6 +113,18 @@ def test_lost_loses_each_hold_taken_in_the_block(ylock_engine: LocalTestEngine) 
         assert not lock.lost               # nor holds taken after the block
 
 
+def test_a_semaphores_permit_is_lost_too(ylock_engine: LocalTestEngine) -> None:
+    sem = ylock.Semaphore(ylock_engine, "exports", "acme", permits=2)
+    lock = ylock.Lock(ylock_engine, "exports", "acme")        # same names, another thing
+    with ylock_engine.lost(sem), lock.write(timeout=1):
+        with pytest.raises(ylock.LockLost), sem.hold(timeout=1):
+            assert sem.lost
+        assert not lock.lost
+    with lock.write(timeout=1), pytest.raises(ylock.LockLost), sem.hold(timeout=1):
+        assert ylock_engine.lose(sem) == 1
+        assert sem.lost and not lock.lost
+
+
 def test_async_code_sees_the_same_paths(ylock_engine: LocalTestEngine) -> None:
     lock = ylock.Lock(ylock_engine, "orders", "42")
 

@@ -208,6 +208,9 @@ class LocalTestEngine(LocalEngine):
         holder = self._target(target, name, None)
         key = (_kind_of(holder), holder.group, holder.name)
 
+        # The hold enters the process's hold table after the engine granted it, just before
+        # the ``acquired`` event is published (synchronously, in the acquiring thread): the
+        # event is the first moment the hold can be lost the way a real one is.
         def on_event(event: events.Event) -> None:
             if event.kind == events.ACQUIRED and (SEMAPHORE if event.mode == PERMIT else LOCK,
                                                   event.group, event.name) in self._losing:
