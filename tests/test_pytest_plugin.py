@@ -198,6 +198,16 @@ def test_fresh_flask_app(tmp_path: Path) -> None:
     check(*run_pytest(project, entry_point_site(tmp_path)), passed=tests.count("\ndef test_"))
 
 
+def test_fresh_celery_tasks(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "tasks.py").write_text(guide_block("# tasks.py"))
+    tests = guide_block("# test_tasks.py")
+    (project / "test_tasks.py").write_text(tests)
+    (project / "pytest.ini").write_text("[pytest]\n")
+    check(*run_pytest(project, entry_point_site(tmp_path)), passed=tests.count("\ndef test_"))
+
+
 def test_plugin_imports_no_framework_when_loaded() -> None:
     code = textwrap.dedent("""
         import sys, time

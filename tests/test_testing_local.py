@@ -168,6 +168,19 @@ def test_django_setting_points_every_alias_and_drops_metrics(ylock_engine: Local
     assert registry.engine("pg") is ylock_engine and registry.lock("a").engine is ylock_engine
 
 
+def test_flask_config_wires_an_app_factory(ylock_engine: LocalTestEngine) -> None:
+    from flask import Flask
+
+    from flask_ylock import YLock
+
+    app = Flask("factory")
+    app.config.update(YLOCK_URL="redis://127.0.0.1:9/0", YLOCK_ENGINES={"reports": {"URL": "redis://127.0.0.1:9/1"}})
+    app.config.update(ylock_engine.flask_config(app.config))
+    ext = YLock(app)
+    with app.app_context():
+        assert ext.engine() is ylock_engine and ext.engine("reports") is ylock_engine
+
+
 # -- Celery tasks run eagerly --------------------------------------------------------------------
 
 
