@@ -1,7 +1,9 @@
 """The pytest plugin as a user meets it: a fresh Django project (``django-admin
 startproject``, pytest-django) and a fresh Flask app (its test client), each with a view
 under ``locked``, tested for a 423, a 429, a 503 and a lost lock through the plugin's
-fixtures, by ``python -m pytest`` in a subprocess with no server running.
+fixtures, and eager Celery tasks for TaskLocked, EngineUnavailable and a lost lock, each
+by ``python -m pytest`` in a subprocess with no server running. The views and tests are
+docs/testing.md's own examples, plus a few checks of the projects' own.
 
 The plugin comes in through its ``pytest11`` entry point, as setup.cfg declares it: the
 subprocess sees a distribution whose entry points are setup.cfg's (the editable install
@@ -17,8 +19,6 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Seconds of CPU (user + system) a whole user test run may take: "in under 5 s". CPU, not
@@ -121,7 +121,8 @@ def test_no_permit_answers_429(engine):
         assert app.test_client().get("/exports/other").status_code == 200
 
 
-def test_production_engine_is_back():
+def test_production_engine_is_back(request):
+    assert not [name for name in request.fixturenames if name.startswith("ylock")]   # none is autouse
     with app.app_context():
         assert "redis" in repr(ylock.engine())
 '''
@@ -224,12 +225,3 @@ def test_plugin_imports_no_framework_when_loaded() -> None:
     assert done.returncode == 0, done.stderr
     frameworks, _ = done.stdout.rsplit(" ", 1)
     assert frameworks == "[]", done.stdout
-
-
-@pytest.mark.parametrize("fixture", ["ylock_engine", "ylock_django", "ylock_flask", "ylock_celery"])
-def test_no_fixture_is_autouse(fixture: str) -> None:
-    from ylock.testing import pytest_plugin
-
-    marker = getattr(pytest_plugin, fixture)
-    assert "autouse=True" not in repr(marker), marker
-    assert getattr(getattr(marker, "_fixture_function_marker", None), "autouse", False) is False
