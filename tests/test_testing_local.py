@@ -50,6 +50,8 @@ def test_busy_semaphore_takes_every_permit(ylock_engine: LocalTestEngine) -> Non
         assert not sem.try_acquire(0)
     assert sem.try_acquire(0)
     sem.release()
+    with ylock_engine.busy("exports", "acme", permits=3) as owners:     # by name: a semaphore
+        assert len(owners) == 3 and not sem.try_acquire(0)
 
 
 def test_busy_refuses_what_is_held_or_foreign(ylock_engine: LocalTestEngine) -> None:
@@ -62,6 +64,8 @@ def test_busy_refuses_what_is_held_or_foreign(ylock_engine: LocalTestEngine) -> 
     with pytest.raises(TypeError, match="a group and a name"), ylock_engine.busy("orders"):
         pass
     with pytest.raises(ValueError, match="mode"), ylock_engine.busy(lock, mode="both"):
+        pass
+    with pytest.raises(TypeError, match="permits= is for a semaphore"), ylock_engine.busy(lock, permits=2):
         pass
 
 

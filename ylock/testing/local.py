@@ -163,6 +163,8 @@ class LocalTestEngine(LocalEngine):
         holder = self._target(target, name, permits)
         if isinstance(holder, Semaphore):
             count = holder.permits if permits is None else permits
+        elif permits is not None:
+            raise TypeError(f"permits= is for a semaphore; {holder!r} is a lock")
         else:
             if mode not in (WRITE, READ):
                 raise ValueError(f"mode must be 'write' or 'read', got {mode!r}")
