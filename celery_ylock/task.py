@@ -500,12 +500,17 @@ class LockedTask(Task):  # type: ignore[misc]
     ylock_spec: ClassVar[LockSpec | None] = None
     #: Set once this task's lock was checked against the settings in this process.
     _ylock_checked: ClassVar[bool] = False
+    #: A busy lock is an expected outcome, not a bug: Celery logs the exceptions named in
+    #: ``throws`` at INFO, without a traceback (on_bound adds it to a task's own ``throws``).
+    throws: ClassVar[tuple[type[BaseException], ...]] = (TaskLocked,)
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
         super().on_bound(app)
         cls.ylock_spec = LockSpec.parse(cls.lock, cls.name or cls.__qualname__, _parameters(cls))
         cls._ylock_checked = False
+        if TaskLocked not in cls.throws:
+            cls.throws = (*cls.throws, TaskLocked)
         if cls.ylock_spec is not None:
             conf.install(app)
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from ylock import events, options, tracing
+from ylock import events, options, sigterm, tracing
 from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, RenewItem
 from ylock.errors import (
     ConfigurationError,
@@ -173,6 +173,8 @@ class _Holding:
         HOLDS.add(hold)
         if HOLDS.renew_from(hold, mode, self.polling.waiter_lease / 3):
             WATCHDOG.ensure_running()
+        if not sigterm.checked:
+            sigterm.install()       # a plain script's `kill PID` gives its holds back (ylock.sigterm)
         if tracing.ACTIVE is not None:
             hold.span = tracing.ACTIVE.held(self, hold, mode)
         events.publish(events.ACQUIRED, self.group, self.name, self.engine.scheme, mode,
