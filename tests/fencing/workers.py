@@ -8,6 +8,7 @@ one database (a SQLite file or PostgreSQL): it reads a balance, writes one plain
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import ylock
@@ -147,3 +148,97 @@ def newer_holder(kind: str, database: str, lock_url: str, group: str, pk: int, l
         token = lock.token
         accounts.write(pk, accounts.read(pk) + 100, lock, fenced)
     conn.send(("done", token))
+
+
+# -- single-flight ------------------------------------------------------------------------------
+
+
+class RedisCache:
+    """A cache adapter of the core's single-flight (:class:`ylock.singleflight.Cache`) over a
+    plain Redis: values pickled under ``prefix``."""
+
+    def __init__(self, url: str, prefix: str, timeout: int = 300) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url.partition("?")[0])
+        self.prefix, self.timeout = prefix, timeout
+
+    def get(self, key: str) -> Any:
+        import pickle
+
+        from ylock import singleflight
+
+        raw = self.client.get(self.prefix + key)
+        return singleflight.MISSING if raw is None else pickle.loads(raw)
+
+    def set(self, key: str, value: Any) -> None:
+        import pickle
+
+        self.client.set(self.prefix + key, pickle.dumps(value), ex=self.timeout)
+
+
+def count_call(path: str) -> int:
+    """Append one line to ``path`` (O_APPEND: the lines of processes never mix); return this
+    process's pid."""
+    with open(path, "a", encoding="utf-8") as file:
+        file.write(f"{os.getpid()}\n")
+    return os.getpid()
+
+
+def calls(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read().split()
+    except FileNotFoundError:
+        return []
+
+
+def wait_for_waiters(engine: ylock.Engine, group: str, count: int, timeout: float = 60.0) -> None:
+    """Return once ``count`` callers queue for a lock of ``group``; raise if they never do."""
+    deadline = time.monotonic() + timeout
+    while sum(len(i.waiters) for i in engine.describe(group)) < count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{count} waiters never queued in {group}")
+        time.sleep(0.01)
+
+
+def cold_reader(lock_url: str, group: str, prefix: str, key: str, count_file: str, fail_first: bool,
+                readers: int, start: Any) -> Any:
+    """Read ``key`` through the single-flight cache once every reader is at the start line.
+    The computation waits until every other reader queues for the key's lock (so all of them
+    missed the cache at once), counts itself in ``count_file`` and, with ``fail_first``, the
+    first one (deployment-wide) raises. Return the value, or the error's text."""
+    from ylock import singleflight
+
+    cache = RedisCache(lock_url, prefix)
+    engine = ylock.engine_from_url(lock_url)
+    lock = ylock.Lock(engine, group, singleflight.lock_name(key), lease=5)
+    cache.client.ping()
+
+    def compute() -> str:
+        before = len(calls(count_file))
+        first = before == 0
+        wait_for_waiters(engine, group, readers - 1 - before)
+        count_call(count_file)
+        if fail_first and first:
+            raise RuntimeError("the first computation fails")
+        return f"value computed by {os.getpid()}"
+    start.wait(60)
+    try:
+        return singleflight.get_or_set(cache, key, compute, lock=lock, lock_timeout=60)
+    except RuntimeError as exc:
+        return f"error: {exc}"
+
+
+def dying_holder(lock_url: str, group: str, prefix: str, key: str, conn: Any) -> None:
+    """Start computing ``key`` under its lock (lease 1 s), say so, and block until killed."""
+    from ylock import singleflight
+
+    cache = RedisCache(lock_url, prefix)
+    lock = ylock.Lock(ylock.engine_from_url(lock_url), group, singleflight.lock_name(key), lease=1.0)
+
+    def compute() -> str:
+        conn.send("computing")
+        conn.recv()                 # never answered: the test kills this process
+        return "never"
+    singleflight.get_or_set(cache, key, compute, lock=lock, lock_timeout=10)
