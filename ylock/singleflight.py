@@ -12,14 +12,16 @@ lock (one per key, of a named lock family, so its lease and engine are settings)
 
 What happens on a miss:
 
-1. The caller waits up to ``lock_timeout`` seconds for the key's lock (a write lock: one
-   computing holder at a time, deployment-wide).
-2. Holding it, it reads the cache again: a holder before it may have filled it while it
-   waited (the common case for every caller but the first). Only on a second miss does it
-   call ``compute()`` and store the value, then it releases the lock.
-3. A ``compute()`` that raises propagates to its caller only; the lock is released, and the
-   next waiter finds the cache still empty and computes (one retry per failure, not one
-   per waiter). A holder that dies (SIGKILL, a lost machine) frees the lock within its
+1. The first caller takes the key's lock (a write lock: one computing holder at a time,
+   deployment-wide), reads the cache again (a holder before it may just have filled it),
+   and only on a second miss calls ``compute()``, stores the value and releases the lock.
+2. The others wait up to ``lock_timeout`` seconds as readers of the same lock: the
+   computing holder's release admits them all at once (one handoff, however many wait),
+   and they read the value from the cache.
+3. A ``compute()`` that raises propagates to its caller only; the lock is released, the
+   waiters find the cache still empty and queue as writers, one at a time, each reading
+   the cache again under the lock: the first computes, the others read its value (one
+   retry per failure, not one per waiter). A holder that dies (SIGKILL, a lost machine) frees the lock within its
    lease; the next waiter computes then.
 4. The lock engine down (:class:`ylock.EngineUnavailable`): the value is computed without
    the lock and a warning is logged. A cache is an optimisation; it must never turn a lock
@@ -31,6 +33,7 @@ What happens on a miss:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -83,13 +86,12 @@ def get_or_set(cache: Cache, key: str, compute: Callable[[], T], *, lock: Lock, 
     if value is not MISSING:
         return value  # type: ignore[no-any-return]
     try:
-        got = lock.try_lock(lock_timeout)
+        got, value = _take(cache, key, lock, lock_timeout)
     except EngineUnavailable as exc:
         logger.warning("ylock: single-flight for cache key %r computes without its lock %s/%s: the lock engine "
                        "is unavailable (%s)", key, lock.group, lock.name, exc)
         return _fill(cache, key, compute)
     if not got:
-        value = cache.get(key)
         if value is not MISSING:
             return value  # type: ignore[no-any-return]
         if on_timeout == "raise":
@@ -110,6 +112,33 @@ def get_or_set(cache: Cache, key: str, compute: Callable[[], T], *, lock: Lock, 
             # The value is computed and stored; a lease lost meanwhile only means another
             # caller may have computed it too.
             logger.warning("ylock: single-flight for cache key %r: %s", key, exc)
+
+
+def _take(cache: Cache, key: str, lock: Lock, lock_timeout: float | None) -> tuple[bool, Any]:
+    """Return (True, MISSING) holding ``lock`` (write): compute; or (False, the value) when
+    another holder stored it meanwhile; or (False, MISSING) when ``lock_timeout`` ran out.
+
+    The first caller on a miss takes the write lock at once; the others wait as readers, so
+    that the release of the one computation admits all of them together (one handoff, not
+    one per waiter), and read the cache. Only when they find it still empty (the holder
+    raised or died) do they queue as writers, one at a time, each reading the cache again
+    under the lock: one retry per failure."""
+    deadline = None if lock_timeout is None else time.monotonic() + lock_timeout
+    if lock.try_lock(0):
+        return True, MISSING
+    if not lock.try_rlock(lock_timeout):
+        return False, cache.get(key)
+    try:
+        lock.runlock()
+    except LockLost:
+        pass                            # a read hold of an instant: nothing was done under it
+    value = cache.get(key)
+    if value is not MISSING:
+        return False, value
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    if lock.try_lock(left):
+        return True, MISSING
+    return False, cache.get(key)
 
 
 def _fill(cache: Cache, key: str, compute: Callable[[], T]) -> T:
