@@ -109,17 +109,14 @@ def store(kind: str, database: str) -> DjangoStore | SQLAlchemyStore:
     return DjangoStore(database) if kind == "django" else SQLAlchemyStore(database)
 
 
-def prepare(kind: str, database: str, pk: int, balance: int) -> None:
-    """Create the table (if needed) and the account row, with no fence written yet."""
-    store(kind, database).create(pk, balance)
-
-
 def holder(kind: str, database: str, lock_url: str, group: str, pk: int, lease: float, fenced: bool,
            conn: Any) -> None:
-    """Take the account's lock, read its balance, report ("read", token, balance) and wait
-    for the order to write (the parent SIGSTOPs this process in between, past the lease);
-    then write balance + 10 (fenced or plain) and report ("wrote", outcome, lost)."""
+    """Create the account (balance 0, no fence yet), take its lock, read its balance, report
+    ("read", token, balance) and wait for the order to write (the parent SIGSTOPs this
+    process in between, past the lease); then write balance + 10 (fenced or plain) and
+    report ("wrote", outcome, lost)."""
     accounts = store(kind, database)
+    accounts.create(pk, 0)
     lock = ylock.Lock(ylock.engine_from_url(lock_url), group, f"account-{pk}", lease=lease)
     lock.lock(timeout=30)
     balance = accounts.read(pk)
