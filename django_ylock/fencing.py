@@ -28,7 +28,7 @@ from django.db import DatabaseError, models
 from ylock.fencing import fenced_out, token_of
 
 
-class FenceField(models.BigIntegerField):  # type: ignore[type-arg]
+class FenceField(models.BigIntegerField):  # type: ignore[misc]  # (Django ships no type stubs here)
     """The fencing token of the last fenced write of a row: a ``BIGINT NOT NULL DEFAULT 0``
     that :func:`fenced_update` and :func:`fenced_save` set and check. Not editable (forms
     and the admin leave it alone): only fenced writes change it."""
