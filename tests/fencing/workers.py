@@ -33,15 +33,21 @@ class DjangoStore:
     def read(self, pk: int) -> int:
         return int(self.Account.objects.get(pk=pk).balance)
 
-    def write(self, pk: int, balance: int, lock: Any, fenced: bool) -> None:
+    def write(self, pk: int, balance: int, lock: Any, fenced: bool, atomic: bool = False) -> None:
+        """Write the balance (``atomic``: inside ``transaction.atomic()``, else in autocommit)."""
+        import contextlib
+
+        from django.db import transaction
+
         import django_ylock
 
-        account = self.Account.objects.get(pk=pk)
-        account.balance = balance
-        if fenced:
-            django_ylock.fenced_save(account, lock, update_fields=["balance"])
-        else:
-            account.save(update_fields=["balance"])
+        with transaction.atomic() if atomic else contextlib.nullcontext():
+            account = self.Account.objects.get(pk=pk)
+            account.balance = balance
+            if fenced:
+                django_ylock.fenced_save(account, lock, update_fields=["balance"])
+            else:
+                account.save(update_fields=["balance"])
 
     def fence(self, pk: int) -> int:
         return int(self.Account.objects.get(pk=pk).fence)
@@ -70,7 +76,8 @@ class SQLAlchemyStore:
         with self.engine.connect() as conn:
             return int(conn.execute(self.sa.select(self.table.c.balance).where(self.table.c.id == pk)).scalar_one())
 
-    def write(self, pk: int, balance: int, lock: Any, fenced: bool) -> None:
+    def write(self, pk: int, balance: int, lock: Any, fenced: bool, atomic: bool = False) -> None:
+        """Write the balance, in a transaction of its own (``atomic`` changes nothing here)."""
         from ylock.sqlalchemy import fenced_update
 
         statement = self.table.update().where(self.table.c.id == pk).values(balance=balance)
@@ -143,7 +150,8 @@ def newer_holder(kind: str, database: str, lock_url: str, group: str, pk: int, l
     lock = ylock.Lock(ylock.engine_from_url(lock_url), group, f"account-{pk}", lease=lease)
     with lock.write(timeout=60):
         token = lock.token
-        accounts.write(pk, accounts.read(pk) + 100, lock, fenced)
+        # In a transaction here, in autocommit in the paused holder: fenced writes work in both.
+        accounts.write(pk, accounts.read(pk) + 100, lock, fenced, atomic=True)
     conn.send(("done", token))
 
 
