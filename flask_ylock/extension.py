@@ -130,6 +130,14 @@ class YLock:
         """Return the current app's engine ``alias``."""
         return state().registry.engine(alias)
 
+    def get_or_set(self, cache: Any, key: str, compute: Callable[[], Any], timeout: int | None = None,
+                   lock_timeout: float | None = 10.0, *, lock: str = "cache", on_timeout: str = "compute") -> Any:
+        """Return ``key`` from ``cache`` (a Flask-Caching ``Cache``), computing it once
+        deployment-wide on a miss: see :func:`flask_ylock.cache.get_or_set`."""
+        from flask_ylock.cache import get_or_set
+
+        return get_or_set(cache, key, compute, timeout, lock_timeout, lock=lock, on_timeout=on_timeout)
+
     # -- the view decorator -------------------------------------------------------------
 
     def locked(self, name: str, key: str | Callable[..., object] | None | bool = None, mode: str = WRITE,

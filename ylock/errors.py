@@ -30,6 +30,18 @@ class LockLost(LockError):
     """The lease of this hold could not be renewed: another owner may have had the lock."""
 
 
+class FencedOut(LockLost):
+    """A fenced write was refused: a holder with a newer fencing token had already written
+    the rows, so this holder's lock was lost (paused past its lease, partitioned) and its
+    write would have overwritten newer work. Nothing was written. ``token`` is the refused
+    token."""
+
+    def __init__(self, message: str, *, token: int | None = None, group: str | None = None,
+                 name: str | None = None) -> None:
+        self.token = token
+        super().__init__(message, group=group, name=name)
+
+
 class LockUpgradeError(LockError):
     """A read holder asked for the write lock; that would deadlock, so it is refused."""
 
