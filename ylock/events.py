@@ -10,13 +10,20 @@ Spans ride on events: ``wait`` (on ``acquired`` and ``timed_out``: seconds from 
 to the outcome), ``hold`` (on ``released``: first acquire to final release of the
 thread's hold, so reentry does not cut it) and ``release`` (on ``released``: how long the
 release call took).
+
+Watchers (:class:`Watcher`, :func:`watch`) observe the same path in more detail, for
+tracing (:mod:`ylock.tracing` is one): each first acquisition and each final release of a
+hold, with the lock and the :class:`~ylock.holds.Hold` themselves. With a watcher on, a
+first acquisition tries once without waiting before it waits, so that the watcher learns
+that it is about to wait (and whom for) before it does. The facade calls watchers
+directly, never the other way round: a watcher uses public names only.
 """
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -86,3 +93,54 @@ def publish(kind: str, group: str, name: str, engine: str, mode: str | None, own
             subscriber(event)
         except Exception:  # noqa: BLE001 - observation must never fail a lock call
             logger.exception("ylock event subscriber %r failed on %s", subscriber, kind)
+
+
+class Watcher(Protocol):
+    """What a watcher of the lock path implements (see the module docstring). ``target`` is
+    the :class:`~ylock.Lock` or :class:`~ylock.Semaphore`, ``hold`` its
+    :class:`~ylock.holds.Hold` (where a watcher may keep what it needs, e.g. ``hold.span``).
+    Like subscribers, watchers must be quick; unlike them, what they raise is not caught."""
+
+    def on(self) -> bool:
+        """Return True if this acquisition is to be watched (checked once per first acquisition)."""
+
+    def context(self, context: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        """Return what the hold is to say about its owner: ``context``, perhaps with fields added."""
+
+    def waiting(self, target: Any, mode: str, started_ns: int) -> Any:
+        """The first try failed and the acquisition is about to wait (``started_ns``: when the
+        call began, ``time.time_ns()``); return a note, handed back to :meth:`waited`."""
+
+    def waited(self, target: Any, mode: str, started_ns: int, note: Any, token: int | None,
+               error: BaseException | None) -> None:
+        """The acquisition ended: a token, None (timed out) or ``error`` (raised after this);
+        ``note``: what :meth:`waiting` returned, None if it did not wait."""
+
+    def held(self, target: Any, hold: Any, mode: str) -> None:
+        """A watched first acquisition made ``hold``."""
+
+    def released(self, hold: Any) -> None:
+        """The final release of ``hold`` (``hold.lost`` says whether it was lost meanwhile); called
+        for every hold, watched or not."""
+
+
+_watchers: tuple[Watcher, ...] = ()
+
+
+def watch(watcher: Watcher) -> Watcher:
+    """Call ``watcher`` on the lock path from now on (see :class:`Watcher`); return it."""
+    global _watchers
+    if watcher not in _watchers:
+        _watchers = _watchers + (watcher,)
+    return watcher
+
+
+def unwatch(watcher: Watcher) -> None:
+    """Stop calling ``watcher``; do nothing if it was not watching."""
+    global _watchers
+    _watchers = tuple(w for w in _watchers if w is not watcher)
+
+
+def watchers() -> tuple[Watcher, ...]:
+    """Return the watchers, in the order they started watching (empty: the lock path skips them)."""
+    return _watchers

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from ylock import events, options, tracing
+from ylock import events, options
 from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, RenewItem
 from ylock.errors import (
     ConfigurationError,
@@ -155,7 +155,7 @@ class _Holding:
         return True
 
     def _taken(self, mode: str, owner: str, token: int | None, started: float, timeout: float | None,
-               raise_on_timeout: bool) -> bool:
+               raise_on_timeout: bool, watching: tuple[events.Watcher, ...]) -> bool:
         """Record the engine's answer to a first acquisition (token, or None at the deadline)."""
         waited = time.monotonic() - started
         if token is None:
@@ -173,8 +173,8 @@ class _Holding:
         HOLDS.add(hold)
         if HOLDS.renew_from(hold, mode, self.polling.waiter_lease / 3):
             WATCHDOG.ensure_running()
-        if tracing.ACTIVE is not None:
-            hold.span = tracing.ACTIVE.held(self, hold, mode)
+        for watcher in watching:
+            watcher.held(self, hold, mode)
         events.publish(events.ACQUIRED, self.group, self.name, self.engine.scheme, mode,
                        owner=owner, token=token, wait=waited)
         return True
@@ -190,12 +190,34 @@ class _Holding:
                 hold, self.engine.acquire(self._request(mode, owner, time.monotonic())))
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
-        traced = tracing.ACTIVE
-        if traced is None:
+        watching = _watching()
+        if not watching:
             token = self.engine.acquire(self._request(mode, owner, deadline, context))
         else:
-            token = traced.acquire(self, mode, owner, deadline, context)
-        return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
+            token = self._watched(watching, mode, owner, deadline, context)
+        return self._taken(mode, owner, token, started, timeout, raise_on_timeout, watching)
+
+    def _watched(self, watching: tuple[events.Watcher, ...], mode: str, owner: str, deadline: float | None,
+                 context: Mapping[str, Any] | None) -> int | None:
+        """A first acquisition that its watchers see: one try without waiting, then (told to
+        the watchers first) the wait."""
+        for watcher in watching:
+            context = watcher.context(context)
+        started_ns = time.time_ns()
+        notes: list[Any] = [None] * len(watching)
+        token: int | None = None
+        try:
+            token = self.engine.acquire(self._request(mode, owner, time.monotonic(), context))
+            if token is None and (deadline is None or time.monotonic() < deadline):
+                notes = [watcher.waiting(self, mode, started_ns) for watcher in watching]
+                token = self.engine.acquire(self._request(mode, owner, deadline, context))
+        except BaseException as exc:
+            for watcher, note in zip(watching, notes):
+                watcher.waited(self, mode, started_ns, note, None, exc)
+            raise
+        for watcher, note in zip(watching, notes):
+            watcher.waited(self, mode, started_ns, note, token, None)
+        return token
 
     async def _aacquire(self, mode: str, timeout: Any, raise_on_timeout: bool,
                         context: Mapping[str, Any] | None = None) -> bool:
@@ -207,14 +229,35 @@ class _Holding:
                 hold, await self.engine.aacquire(self._request(mode, owner, time.monotonic())))
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
-        traced = tracing.ACTIVE
-        if traced is None:
+        watching = _watching()
+        if not watching:
             token = await self.engine.aacquire(self._request(mode, owner, deadline, context))
         else:
-            token = await traced.aacquire(self, mode, owner, deadline, context)
-        return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
+            token = await self._awatched(watching, mode, owner, deadline, context)
+        return self._taken(mode, owner, token, started, timeout, raise_on_timeout, watching)
 
-    def _leave(self, mode: str, owner: str) -> Hold | None:
+    async def _awatched(self, watching: tuple[events.Watcher, ...], mode: str, owner: str,
+                        deadline: float | None, context: Mapping[str, Any] | None) -> int | None:
+        """:meth:`_watched` from an asyncio task."""
+        for watcher in watching:
+            context = watcher.context(context)
+        started_ns = time.time_ns()
+        notes: list[Any] = [None] * len(watching)
+        token: int | None = None
+        try:
+            token = await self.engine.aacquire(self._request(mode, owner, time.monotonic(), context))
+            if token is None and (deadline is None or time.monotonic() < deadline):
+                notes = [watcher.waiting(self, mode, started_ns) for watcher in watching]
+                token = await self.engine.aacquire(self._request(mode, owner, deadline, context))
+        except BaseException as exc:
+            for watcher, note in zip(watching, notes):
+                watcher.waited(self, mode, started_ns, note, None, exc)
+            raise
+        for watcher, note in zip(watching, notes):
+            watcher.waited(self, mode, started_ns, note, token, None)
+        return token
+
+    def _count_release(self, mode: str, owner: str) -> Hold | None:
         """Count a release of this owner's hold; return the hold when this was the final
         release of ``mode`` (the engine must release it), else None."""
         hold = _holds.get(self._key(owner))
@@ -233,7 +276,7 @@ class _Holding:
             HOLDS.stop_renewing(hold, mode)
         return hold
 
-    def _left(self, hold: Hold, mode: str, started: float, still_held: bool | None) -> None:
+    def _released(self, hold: Hold, mode: str, started: float, still_held: bool | None) -> None:
         """Publish the release; raise LockLost if the hold had been lost meanwhile."""
         ended = time.monotonic()
         finished = not hold.writes and not hold.reads
@@ -241,15 +284,16 @@ class _Holding:
                        token=hold.token, hold=(ended - hold.started) if finished else None, release=ended - started)
         if still_held is not None and (hold.lost or not still_held):
             HOLDS.lose(hold, "the server no longer had this hold at release")
-        if finished and hold.span is not None:
-            tracing.released(hold)
+        if finished:
+            for watcher in events.watchers():
+                watcher.released(hold)
         if still_held is not None and hold.lost:
             raise LockLost(f"the lease of {self._what(mode)} was lost before release ({hold.lost_reason}); "
                            "another owner may have held it meanwhile", group=self.group, name=self.name)
 
     def _release(self, mode: str) -> None:
         owner = current_owner()
-        hold = self._leave(mode, owner)
+        hold = self._count_release(mode, owner)
         if hold is None:
             return
         started = time.monotonic()
@@ -257,11 +301,11 @@ class _Holding:
         try:
             still_held = self.engine.release(self.group, self.name, owner, mode)
         finally:
-            self._left(hold, mode, started, still_held)
+            self._released(hold, mode, started, still_held)
 
     async def _arelease(self, mode: str) -> None:
         owner = current_owner()
-        hold = self._leave(mode, owner)
+        hold = self._count_release(mode, owner)
         if hold is None:
             return
         started = time.monotonic()
@@ -271,11 +315,11 @@ class _Holding:
         try:
             still_held = await asyncio.shield(release)
         except asyncio.CancelledError:
-            release.add_done_callback(lambda done: _quietly(self._left, hold, mode, started, _result(done)))
+            release.add_done_callback(lambda done: _quietly(self._released, hold, mode, started, _result(done)))
             raise
         finally:
             if release.done() and not release.cancelled():
-                self._left(hold, mode, started, still_held)
+                self._released(hold, mode, started, still_held)
 
 
     # -- holds that change hands ----------------------------------------------------------------
@@ -313,17 +357,17 @@ class _Holding:
                       owner_process())
 
     @classmethod
-    def adopt(cls, engine: Engine, ticket: Ticket | Mapping[str, Any], **options: Any) -> Any:
+    def adopt(cls, engine: Engine, ticket: Ticket | Mapping[str, Any], **lock_options: Any) -> Any:
         """Take over the hold that ``ticket`` (from :meth:`detach`, or its :meth:`Ticket.as_dict`)
         describes, as the calling thread or task, and return the lock (or semaphore: the
         ticket says which) holding it: the token is unchanged, and this process's watchdog
-        renews it from now on, with the lock's lease (``lease=`` among ``options``, else the
+        renews it from now on, with the lock's lease (``lease=`` among ``lock_options``, else the
         detached lock's) from the adoption on. Raise :class:`LockLost` if the hold is gone
         (lost, or adopted already)."""
         t = ticket if isinstance(ticket, Ticket) else Ticket.from_dict(ticket)
-        options.setdefault("lease", t.lease)
-        target: Lock | Semaphore = Semaphore(engine, t.group, t.name, permits=t.permits, **options) \
-            if t.kind == SEMAPHORE else Lock(engine, t.group, t.name, **options)
+        lock_options.setdefault("lease", t.lease)
+        target: Lock | Semaphore = Semaphore(engine, t.group, t.name, permits=t.permits, **lock_options) \
+            if t.kind == SEMAPHORE else Lock(engine, t.group, t.name, **lock_options)
         if not engine.adopts_across_processes and t.process != owner_process():
             raise ConfigurationError(f"{type(engine).__name__} holds live in the session of the process that took "
                                      "them: a ticket can be adopted only in the process that detached it",
@@ -529,6 +573,12 @@ def release_all(budget: float = EXIT_BUDGET) -> int:
 
 
 atexit.register(release_all)
+
+
+def _watching() -> tuple[events.Watcher, ...]:
+    """The watchers that watch this acquisition (none: the plain path)."""
+    watchers = events.watchers()
+    return tuple(w for w in watchers if w.on()) if watchers else ()
 
 
 def _result(task: asyncio.Future[bool]) -> bool | None:
