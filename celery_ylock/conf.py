@@ -1,4 +1,5 @@
-"""A Celery app's engines and named locks, and the checks that stop a worker at startup.
+"""A Celery app's engines and named locks (the checks that stop a worker at startup are
+:mod:`celery_ylock.checks`).
 
 Where the settings come from (the first that is set wins):
 
@@ -154,67 +155,3 @@ def visibility_timeout(app: Celery) -> float | None:
     options = conf.get("broker_transport_options") or {}
     value = options.get("visibility_timeout", default)
     return float(opt.seconds(value, "app.conf.broker_transport_options['visibility_timeout']"))
-
-
-# -- checks ------------------------------------------------------------------------------------
-
-
-def problems(app: Celery) -> list[ConfigurationError]:
-    """Return every problem of ``app``'s ylock settings and locked tasks, without connecting."""
-    from celery_ylock.task import LockedTask
-
-    try:
-        st = state(app)
-    except ConfigurationError as exc:
-        return [exc]
-    found = []
-    for task in list(app.tasks.values()):
-        if isinstance(task, LockedTask) and type(task).ylock_spec is not None:
-            try:
-                type(task).ylock_spec.check(task, st.registry)   # type: ignore[union-attr]
-            except ConfigurationError as exc:
-                found.append(exc)
-    return found
-
-
-def check_app(app: Celery) -> None:
-    """Raise :class:`~ylock.ConfigurationError` listing every problem of ``app``'s ylock
-    settings and locked tasks (a worker runs it at startup)."""
-    found = problems(app)
-    if len(found) == 1:
-        raise found[0]
-    if found:
-        first = found[0]
-        raise ConfigurationError("celery_ylock: invalid settings:\n" + "\n".join(f"  {p}" for p in found),
-                                 code=first.code)
-
-
-_installed: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def install(app: Celery) -> None:
-    """Wire ylock into ``app`` (once): a worker bootstep that checks the settings at
-    startup, and the revoked-task receiver. Called when the first locked task is bound to
-    the app, so there is nothing to set up by hand."""
-    if app in _installed:
-        return
-    with _mutex:
-        if app in _installed:
-            return
-        from celery import bootsteps
-        from celery.signals import task_revoked
-
-        from celery_ylock.task import on_task_revoked
-
-        class YLockCheck(bootsteps.Step):  # type: ignore[misc]
-            """Stop the worker at startup when the ylock settings contradict each other.
-            (A ``worker_init`` receiver could not: Celery logs what its receivers raise.)"""
-
-            name = "celery_ylock.check"
-
-            def __init__(self, worker: Any, **kwargs: Any) -> None:
-                check_app(worker.app)
-
-        app.steps["worker"].add(YLockCheck)
-        task_revoked.connect(on_task_revoked, weak=False, dispatch_uid="celery_ylock.task_revoked")
-        _installed.add(app)

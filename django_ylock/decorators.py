@@ -39,7 +39,7 @@ def locked(name: str, *, key: str | Callable[..., object] | None | bool = None, 
     class-based views through ``method_decorator(locked(...), name="dispatch")``.
     """
     return _decorator(RequestLock(
-        web.LockedView(name, key=key, mode=mode, timeout=timeout, status=status, retry_after=retry_after,
+        web.LockSpec(name, key=key, mode=mode, timeout=timeout, status=status, retry_after=retry_after,
                        anonymous=anonymous),
         on_commit=on_commit, using=using, on_locked=on_locked))
 
@@ -62,7 +62,7 @@ def limited(name: str, permits: int | None = None, *, key: str | Callable[..., o
     view is cancelled because its client went away). Checked here, when applied: sync and
     async views, class-based views through ``method_decorator``.
     """
-    return _decorator(RequestLock(web.LimitedView(name, permits=permits, key=key, timeout=timeout, status=status,
+    return _decorator(RequestLock(web.LimitSpec(name, permits=permits, key=key, timeout=timeout, status=status,
                                                   retry_after=retry_after, anonymous=anonymous)))
 
 

@@ -73,7 +73,7 @@ def request_context(request: HttpRequest) -> str:
 class RequestLock:
     """Which lock (or semaphore) a request takes, in which mode, for how long, and what to
     answer when it cannot (see ``django_ylock.locked`` and ``limited`` for the parameters):
-    ``view`` is a :class:`ylock.web.LockedView` or :class:`ylock.web.LimitedView`, checked
+    ``view`` is a :class:`ylock.web.LockSpec` or :class:`ylock.web.LimitSpec`, checked
     against the settings here, when the decorator is applied."""
 
     def __init__(self, view: web.RequestSpec, *, on_commit: bool = False, using: str | None = None,
@@ -82,7 +82,7 @@ class RequestLock:
         registry = conf.current().registry
         if view.key is not False and view.name not in registry.locks_settings:
             web.check_family_name(view.name)
-        if isinstance(view, web.LimitedView):
+        if isinstance(view, web.LimitSpec):
             view.check(registry)
         self.on_commit = on_commit
         self.using = using
@@ -108,14 +108,20 @@ class RequestLock:
             return None
         return self.on_locked or config.web.on_locked  # type: ignore[no-any-return]
 
-    def _enter(self, request: HttpRequest, lock: web.Target, mode: str) -> HttpResponse | None:
+    def _hold(self, request: HttpRequest, lock: web.Target, mode: str, owner: str) -> web.RequestHold:
+        """The request's hold, as :mod:`ylock.web` takes it for both plugins (released at
+        once, or when the surrounding transaction commits: ``on_commit``)."""
         config = conf.current()
-        on_locked = self._on_locked(config, mode)
-        outcome = web.enter(lock, mode, self.view.timeout_for(config.registry), config.web,
-                            retry=self.view.retry_after, status=self.view.status, custom=on_locked is not None)
-        if isinstance(outcome, ylock.LockTimeout):
-            return on_locked(request, outcome)  # type: ignore[no-any-return, misc]
-        return None if outcome is None else answer(outcome)
+        return web.RequestHold(lock, mode, self.view.timeout_for(config.registry), config.web,
+                               retry=self.view.retry_after, status=self.view.status,
+                               custom=self._on_locked(config, mode) is not None, owner=owner,
+                               release=lambda: self._release_later(owner, lock, mode))
+
+    def _refused(self, request: HttpRequest, refusal: web.Refusal | ylock.LockTimeout, mode: str) -> HttpResponse:
+        if isinstance(refusal, ylock.LockTimeout):
+            on_locked = self._on_locked(conf.current(), mode)
+            return on_locked(request, refusal)  # type: ignore[no-any-return, misc]
+        return answer(refusal)
 
     # -- holding ----------------------------------------------------------------------------
 
@@ -148,22 +154,15 @@ class RequestLock:
         if lock is None:
             return call()
         mode, owner = self.view.mode_for(request), request_owner(request)
-        refused: HttpResponse | None = run_as(owner, self._enter, request, lock, mode)  # type: ignore[assignment]
-        if refused is not None:
-            return refused
-
-        def body() -> HttpResponse:
-            # The view runs as the request's owner too: it may re-enter the lock, and
-            # what it registers with on_commit runs while the lock is still held.
+        # The view runs as the request's owner too: it may re-enter the lock, and what it
+        # registers with on_commit runs while the lock is still held.
+        with owner_scope(owner), self._hold(request, lock, mode, owner) as hold:
+            if hold.refusal is not None:
+                return self._refused(request, hold.refusal, mode)
             if self.on_commit and mode == WRITE:
                 with transaction.atomic(using=self.using):
                     return call()
             return call()
-        try:
-            response: HttpResponse = run_as(owner, body)  # type: ignore[assignment]
-        finally:
-            self._release_later(owner, lock, mode)
-        return response
 
     async def arun(self, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any],
                    call: Callable[[], Awaitable[HttpResponse]]) -> HttpResponse:
@@ -180,19 +179,12 @@ class RequestLock:
             return await call()
         mode, owner = self.view.mode_for(request), request_owner(request)
         with owner_scope(owner):   # the view's own lock calls act as the request's owner
-            config = conf.current()
-            on_locked = self._on_locked(config, mode)
-            outcome = await web.aenter(lock, mode, self.view.timeout_for(config.registry), config.web,
-                                       retry=self.view.retry_after, status=self.view.status,
-                                       custom=on_locked is not None)
-            if isinstance(outcome, ylock.LockTimeout):
-                return on_locked(request, outcome)  # type: ignore[no-any-return, misc]
-            if outcome is not None:
-                return answer(outcome)
-            try:
+            hold = self._hold(request, lock, mode, owner)
+            hold.release = None    # an async view's release is awaited at its end (no on_commit)
+            async with hold:
+                if hold.refusal is not None:
+                    return self._refused(request, hold.refusal, mode)
                 return await call()
-            finally:
-                await web.aleave(lock, mode)
 
     async def alock_for(self, request: HttpRequest, args: tuple[Any, ...],
                         kwargs: dict[str, Any]) -> web.Target | None:

@@ -79,6 +79,8 @@ class _Holding:
     kind = LOCK
     #: The number of permits (a semaphore's; 0 for a lock).
     permits = 0
+    #: The modes it can be held in (:meth:`guard`).
+    modes: tuple[str, ...] = (WRITE, READ)
 
     def __init__(self, engine: Engine, group: str, name: str = "global", *, fair: bool = True,
                  lease: float = 30.0, polling: Polling | None = None, timeout: float | None = None) -> None:
@@ -120,6 +122,17 @@ class _Holding:
         """True once this thread's hold could not be renewed (it may be someone else's now)."""
         hold = self._hold()
         return hold is not None and hold.lost
+
+    def guard(self, mode: str, timeout: float | None = DEFAULT, *,
+              context: Mapping[str, Any] | None = None) -> Guard:
+        """Return the :class:`Guard` holding this in ``mode`` (a lock: ``"write"`` or ``"read"``,
+        as :meth:`Lock.write` and :meth:`Lock.read`; a semaphore: ``"permit"``, as
+        :meth:`Semaphore.hold`): for code that gets the mode as data (a setting, a request's
+        method), with the guard's verbs (``try_acquire``, ``release`` and their asyncio twins)."""
+        if mode not in self.modes:
+            raise options.fail("mode", f"must be one of {', '.join(map(repr, self.modes))} for {self!r}, "
+                               f"got {mode!r}", options.E_LOCK_OPTION)
+        return Guard(self, mode, self.timeout if timeout is DEFAULT else timeout, context)
 
     # -- the work (shared by both worlds; only the engine call differs) ---------------------------
 
@@ -606,6 +619,7 @@ class Semaphore(_Holding):
 
     __slots__ = ("permits",)
     kind = SEMAPHORE
+    modes = (PERMIT,)
 
     def __init__(self, engine: Engine, group: str, name: str = "global", *, permits: int, fair: bool = True,
                  lease: float = 30.0, polling: Polling | None = None, timeout: float | None = None) -> None:
@@ -700,12 +714,18 @@ class Semaphores:
 
 
 class Guard:
-    """Holds a lock in one mode for a ``with`` block, or around every call of a function.
+    """Holds a lock in one mode (or a semaphore's permit) for a ``with`` block, or around
+    every call of a function; or, by its verbs, for as long as the caller says.
 
     As a decorator it works on plain functions and on coroutine functions. In a coroutine
     (and with ``async with``) the owner is the asyncio task, so two tasks exclude each
     other and one task may re-enter; the lock's asyncio verbs wait without a thread, and a
     task cancelled while it waits (or inside the block) leaves nothing held.
+
+    Its verbs take and give back one level of the hold in the guard's mode, whatever that
+    mode is: ``acquire``, ``try_acquire``, ``release`` and the asyncio ``aacquire``,
+    ``atry_acquire``, ``arelease``, as a :class:`Semaphore`'s (a ``timeout`` not given is
+    the guard's).
     """
 
     __slots__ = ("_lock", "_mode", "_timeout", "_context")
@@ -716,6 +736,58 @@ class Guard:
         self._mode = mode
         self._timeout = options.timeout(timeout)
         self._context = context
+
+    def __repr__(self) -> str:
+        return f"<ylock.Guard {self._mode} of {self._lock!r}>"
+
+    @property
+    def target(self) -> Any:
+        """The :class:`Lock` or :class:`Semaphore` it holds."""
+        return self._lock
+
+    @property
+    def mode(self) -> str:
+        """The mode it holds the target in: ``"write"``, ``"read"`` or ``"permit"``."""
+        return self._mode
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds its acquisitions wait (None: forever)."""
+        return self._timeout
+
+    @property
+    def description(self) -> str:
+        """What it holds, for messages: ``"the write lock"``, ``"a permit"``."""
+        return str(self._lock._what(self._mode))
+
+    def _wait(self, timeout: float | None) -> float | None:
+        return self._timeout if timeout is DEFAULT else timeout
+
+    def acquire(self, timeout: float | None = DEFAULT) -> None:
+        """Take the hold, waiting up to ``timeout`` seconds; raise :class:`LockTimeout` if it
+        could not be had in time."""
+        self._lock._acquire(self._mode, self._wait(timeout), True, self._context)
+
+    def try_acquire(self, timeout: float | None = DEFAULT) -> bool:
+        """Take the hold if it can be had within ``timeout``; return whether it was."""
+        return bool(self._lock._acquire(self._mode, self._wait(timeout), False, self._context))
+
+    def release(self) -> None:
+        """Give back one level of the hold (:class:`LockNotOwned` if there is none,
+        :class:`LockLost` if it was lost meanwhile)."""
+        self._lock._release(self._mode)
+
+    async def aacquire(self, timeout: float | None = DEFAULT) -> None:
+        """:meth:`acquire` from an asyncio task."""
+        await self._lock._aacquire(self._mode, self._wait(timeout), True, self._context)
+
+    async def atry_acquire(self, timeout: float | None = DEFAULT) -> bool:
+        """:meth:`try_acquire` from an asyncio task."""
+        return bool(await self._lock._aacquire(self._mode, self._wait(timeout), False, self._context))
+
+    async def arelease(self) -> None:
+        """:meth:`release` from an asyncio task (completes even if the task is cancelled)."""
+        await self._lock._arelease(self._mode)
 
     def __enter__(self) -> Any:
         self._lock._acquire(self._mode, self._timeout, True, self._context)
