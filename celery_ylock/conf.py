@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ylock import options as opt
 from ylock.errors import ConfigurationError
-from ylock.registry import TOP_KEYS, Registry
+from ylock.registry import TOP_KEYS, Registry, with_default_engine
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -101,18 +101,9 @@ def _build(app: Celery) -> State:
         raise opt.fail(where, f"must be a dict shaped like Django's YLOCK setting, got {raw!r}", opt.E_SHAPE)
     settings = dict(raw or {})
     engines = opt.mapping(settings.get("ENGINES"), f"{where}['ENGINES']")
-    if not engines:
-        if url is None:
-            raise ConfigurationError(
-                "celery_ylock has no engine: set app.conf.ylock_url (CELERY_YLOCK_URL with Django's namespace), "
-                "app.conf.ylock['ENGINES'] or $YLOCK_URL", code=opt.E_SHAPE,
-                hint="e.g. app.conf.ylock_url = 'redis://127.0.0.1:6379/0'")
-        engines = {"default": {"URL": url}}
-        if raw is None:
-            where = "app.conf.ylock_url" if conf.get("ylock_url") else "$YLOCK_URL"
-    elif url is not None and "default" not in engines:
-        engines = {"default": {"URL": url}, **engines}
-    settings["ENGINES"] = engines
+    if not engines and raw is None:
+        where = "app.conf.ylock_url" if conf.get("ylock_url") else "$YLOCK_URL"
+    settings["ENGINES"] = with_default_engine(engines, url, _no_engine)
     registry = Registry(settings, where=where)
     registry.validate(known=TOP_KEYS)
     if settings.get("METRICS") is not None:
@@ -120,6 +111,14 @@ def _build(app: Celery) -> State:
 
         ylock.metrics.configure(settings["METRICS"], setting=f"{where}['METRICS']")
     return State(where, registry)
+
+
+def _no_engine() -> str:
+    """Celery has no embedded default engine: say how to name one."""
+    raise ConfigurationError(
+        "celery_ylock has no engine: set app.conf.ylock_url (CELERY_YLOCK_URL with Django's namespace), "
+        "app.conf.ylock['ENGINES'] or $YLOCK_URL", code=opt.E_SHAPE,
+        hint="e.g. app.conf.ylock_url = 'redis://127.0.0.1:6379/0'")
 
 
 def _django_ylock_installed() -> bool:

@@ -40,6 +40,13 @@ ADOPTED = "adopted"        # a ticket's hold has a new owner
 
 KINDS = (ACQUIRED, TIMED_OUT, RELEASED, RENEWED, LOST, WAITER_EVICTED, SUSPENDED, RECONNECTED, DETACHED, ADOPTED)
 
+#: The event kinds that every plugin re-emits as a signal of its framework (Django's,
+#: Flask's blinker, Celery's), with the signal's name in the plugin's ``signals`` module:
+#: one list for all three, so that a new kind reaches every framework.
+RELAYED = {ACQUIRED: "lock_acquired", RELEASED: "lock_released", TIMED_OUT: "lock_timed_out", LOST: "lock_lost",
+           RENEWED: "lock_renewed", WAITER_EVICTED: "waiter_evicted", SUSPENDED: "engine_suspended",
+           RECONNECTED: "engine_reconnected", DETACHED: "lock_detached", ADOPTED: "lock_adopted"}
+
 
 class Event(NamedTuple):
     kind: str
