@@ -102,33 +102,48 @@ def publish(kind: str, group: str, name: str, engine: str, mode: str | None, own
             logger.exception("ylock event subscriber %r failed on %s", subscriber, kind)
 
 
+class Acquisition:
+    """One watched first acquisition, handed to each hook of its watchers: ``target`` (the
+    :class:`~ylock.Lock` or :class:`~ylock.Semaphore`), ``mode``, ``owner``, ``started_ns``
+    (``time.time_ns()`` at the call), ``context`` (what the hold will say about its owner:
+    a watcher's :meth:`Watcher.start` may add fields), and ``notes``, where each watcher
+    keeps what it carries from one hook to the next (by itself as the key)."""
+
+    __slots__ = ("watchers", "target", "mode", "owner", "started_ns", "context", "notes")
+
+    def __init__(self, watchers: tuple[Watcher, ...], target: Any, mode: str, owner: str,
+                 context: Mapping[str, Any] | None) -> None:
+        self.watchers, self.target, self.mode, self.owner = watchers, target, mode, owner
+        self.started_ns = time.time_ns()
+        self.context = context
+        self.notes: dict[Any, Any] = {}
+
+
 class Watcher(Protocol):
-    """What a watcher of the lock path implements (see the module docstring). ``target`` is
-    the :class:`~ylock.Lock` or :class:`~ylock.Semaphore`, ``hold`` its
-    :class:`~ylock.holds.Hold` (where a watcher may keep what it needs, e.g. ``hold.span``).
-    Like subscribers, watchers must be quick; unlike them, what they raise is not caught."""
+    """What a watcher of the lock path implements (see the module docstring). Like
+    subscribers, watchers must be quick; unlike them, what they raise is not caught (a
+    watcher is part of the call it watches)."""
 
     def on(self) -> bool:
-        """Return True if this acquisition is to be watched (checked once per first acquisition)."""
+        """Return True if this acquisition is to be watched (asked once per first acquisition)."""
 
-    def context(self, context: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-        """Return what the hold is to say about its owner: ``context``, perhaps with fields added."""
+    def start(self, acquisition: Acquisition) -> None:
+        """A watched first acquisition begins (before any request; ``acquisition.context`` may
+        be extended here)."""
 
-    def waiting(self, target: Any, mode: str, started_ns: int) -> Any:
-        """The first try failed and the acquisition is about to wait (``started_ns``: when the
-        call began, ``time.time_ns()``); return a note, handed back to :meth:`waited`."""
+    def waiting(self, acquisition: Acquisition) -> None:
+        """The first try failed: the acquisition is about to wait."""
 
-    def waited(self, target: Any, mode: str, started_ns: int, note: Any, token: int | None,
-               error: BaseException | None) -> None:
-        """The acquisition ended: a token, None (timed out) or ``error`` (raised after this);
-        ``note``: what :meth:`waiting` returned, None if it did not wait."""
+    def waited(self, acquisition: Acquisition, token: int | None, error: BaseException | None) -> None:
+        """The acquisition ended: a token, None (timed out) or ``error`` (raised after this)."""
 
-    def held(self, target: Any, hold: Any, mode: str) -> None:
-        """A watched first acquisition made ``hold``."""
+    def held(self, acquisition: Acquisition, hold: Any) -> None:
+        """The acquisition made ``hold`` (a :class:`~ylock.holds.Hold`, where a watcher may keep
+        what lasts as long as the hold, e.g. ``hold.span``)."""
 
     def released(self, hold: Any) -> None:
-        """The final release of ``hold`` (``hold.lost`` says whether it was lost meanwhile); called
-        for every hold, watched or not."""
+        """The final release of ``hold`` (``hold.lost`` says whether it was lost meanwhile);
+        called for every hold, watched or not."""
 
 
 _watchers: tuple[Watcher, ...] = ()

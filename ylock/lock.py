@@ -168,7 +168,7 @@ class _Holding:
         return True
 
     def _taken(self, mode: str, owner: str, token: int | None, started: float, timeout: float | None,
-               raise_on_timeout: bool, watching: tuple[events.Watcher, ...]) -> bool:
+               raise_on_timeout: bool, watched: events.Acquisition | None = None) -> bool:
         """Record the engine's answer to a first acquisition (token, or None at the deadline)."""
         waited = time.monotonic() - started
         if token is None:
@@ -186,8 +186,9 @@ class _Holding:
         HOLDS.add(hold)
         if HOLDS.renew_from(hold, mode, self.polling.waiter_lease / 3):
             WATCHDOG.ensure_running()
-        for watcher in watching:
-            watcher.held(self, hold, mode)
+        if watched is not None:
+            for watcher in watched.watchers:
+                watcher.held(watched, hold)
         events.publish(events.ACQUIRED, self.group, self.name, self.engine.scheme, mode,
                        owner=owner, token=token, wait=waited)
         return True
@@ -206,31 +207,24 @@ class _Holding:
         watching = _watching()
         if not watching:
             token = self.engine.acquire(self._request(mode, owner, deadline, context))
-        else:
-            token = self._watched(watching, mode, owner, deadline, context)
-        return self._taken(mode, owner, token, started, timeout, raise_on_timeout, watching)
-
-    def _watched(self, watching: tuple[events.Watcher, ...], mode: str, owner: str, deadline: float | None,
-                 context: Mapping[str, Any] | None) -> int | None:
-        """A first acquisition that its watchers see: one try without waiting, then (told to
-        the watchers first) the wait."""
+            return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
+        watched = events.Acquisition(watching, self, mode, owner, context)
         for watcher in watching:
-            context = watcher.context(context)
-        started_ns = time.time_ns()
-        notes: list[Any] = [None] * len(watching)
-        token: int | None = None
+            watcher.start(watched)
         try:
-            token = self.engine.acquire(self._request(mode, owner, time.monotonic(), context))
+            token = self.engine.acquire(self._request(mode, owner, time.monotonic(), watched.context))
             if token is None and (deadline is None or time.monotonic() < deadline):
-                notes = [watcher.waiting(self, mode, started_ns) for watcher in watching]
-                token = self.engine.acquire(self._request(mode, owner, deadline, context))
+                # Tried once without waiting (so the watchers learn of a wait before it starts).
+                for watcher in watching:
+                    watcher.waiting(watched)
+                token = self.engine.acquire(self._request(mode, owner, deadline, watched.context))
         except BaseException as exc:
-            for watcher, note in zip(watching, notes):
-                watcher.waited(self, mode, started_ns, note, None, exc)
+            for watcher in watching:
+                watcher.waited(watched, None, exc)
             raise
-        for watcher, note in zip(watching, notes):
-            watcher.waited(self, mode, started_ns, note, token, None)
-        return token
+        for watcher in watching:
+            watcher.waited(watched, token, None)
+        return self._taken(mode, owner, token, started, timeout, raise_on_timeout, watched)
 
     async def _aacquire(self, mode: str, timeout: Any, raise_on_timeout: bool,
                         context: Mapping[str, Any] | None = None) -> bool:
@@ -245,30 +239,23 @@ class _Holding:
         watching = _watching()
         if not watching:
             token = await self.engine.aacquire(self._request(mode, owner, deadline, context))
-        else:
-            token = await self._awatched(watching, mode, owner, deadline, context)
-        return self._taken(mode, owner, token, started, timeout, raise_on_timeout, watching)
-
-    async def _awatched(self, watching: tuple[events.Watcher, ...], mode: str, owner: str,
-                        deadline: float | None, context: Mapping[str, Any] | None) -> int | None:
-        """:meth:`_watched` from an asyncio task."""
+            return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
+        watched = events.Acquisition(watching, self, mode, owner, context)
         for watcher in watching:
-            context = watcher.context(context)
-        started_ns = time.time_ns()
-        notes: list[Any] = [None] * len(watching)
-        token: int | None = None
+            watcher.start(watched)
         try:
-            token = await self.engine.aacquire(self._request(mode, owner, time.monotonic(), context))
+            token = await self.engine.aacquire(self._request(mode, owner, time.monotonic(), watched.context))
             if token is None and (deadline is None or time.monotonic() < deadline):
-                notes = [watcher.waiting(self, mode, started_ns) for watcher in watching]
-                token = await self.engine.aacquire(self._request(mode, owner, deadline, context))
+                for watcher in watching:
+                    watcher.waiting(watched)
+                token = await self.engine.aacquire(self._request(mode, owner, deadline, watched.context))
         except BaseException as exc:
-            for watcher, note in zip(watching, notes):
-                watcher.waited(self, mode, started_ns, note, None, exc)
+            for watcher in watching:
+                watcher.waited(watched, None, exc)
             raise
-        for watcher, note in zip(watching, notes):
-            watcher.waited(self, mode, started_ns, note, token, None)
-        return token
+        for watcher in watching:
+            watcher.waited(watched, token, None)
+        return self._taken(mode, owner, token, started, timeout, raise_on_timeout, watched)
 
     def _count_release(self, mode: str, owner: str) -> Hold | None:
         """Count a release of this owner's hold; return the hold when this was the final

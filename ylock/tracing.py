@@ -110,15 +110,22 @@ class Tracing:
         return self.tracer.start_span(f"ylock wait {target.group}/{target.name}", links=links,
                                       attributes=self._attributes(target, mode), start_time=started_ns)
 
-    def waiting(self, target: Any, mode: str, started_ns: int) -> Any:
+    def start(self, acquisition: events.Acquisition) -> None:
+        """Store the caller's ``traceparent`` with the hold (waiters link to it)."""
+        acquisition.context = self.context(acquisition.context)
+
+    def waiting(self, acquisition: events.Acquisition) -> None:
         """Start the wait span, linked to the spans of the holders waited for (their hold
         context's ``traceparent``): read once, after the first try failed."""
-        return self._wait_span(target, mode, self._holders(target), started_ns)
+        target = acquisition.target
+        acquisition.notes[self] = self._wait_span(target, acquisition.mode, self._holders(target),
+                                                  acquisition.started_ns)
 
-    def waited(self, target: Any, mode: str, started_ns: int, note: Any, token: int | None,
-               error: BaseException | None) -> None:
-        """End the wait span (``note``; one without links if the first try settled it)."""
-        span = note if note is not None else self._wait_span(target, mode, [], started_ns)
+    def waited(self, acquisition: events.Acquisition, token: int | None, error: BaseException | None) -> None:
+        """End the wait span (one without links if the first try settled it)."""
+        span = acquisition.notes.pop(self, None)
+        if span is None:
+            span = self._wait_span(acquisition.target, acquisition.mode, [], acquisition.started_ns)
         Status, StatusCode = self._status, self._code   # noqa: N806 - OpenTelemetry's names
         if error is not None:
             span.record_exception(error)
@@ -134,10 +141,12 @@ class Tracing:
 
     # -- holds ---------------------------------------------------------------------------------
 
-    def held(self, target: Any, hold: Hold, mode: str) -> None:
+    def held(self, acquisition: events.Acquisition, hold: Hold) -> None:
         """Start the hold span of a first acquisition, kept on the hold (``hold.span``)."""
+        target = acquisition.target
         hold.span = self.tracer.start_span(f"ylock hold {target.group}/{target.name}",
-                                           attributes={**self._attributes(target, mode), "ylock.token": hold.token})
+                                           attributes={**self._attributes(target, acquisition.mode),
+                                                       "ylock.token": hold.token})
 
     def released(self, hold: Hold) -> None:
         """End a hold's span at its final release (an error status if the hold was lost)."""
