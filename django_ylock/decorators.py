@@ -40,7 +40,7 @@ def locked(name: str, *, key: str | Callable[..., object] | None | bool = None, 
     """
     return _decorator(RequestLock(
         web.LockSpec(name, key=key, mode=mode, timeout=timeout, status=status, retry_after=retry_after,
-                       anonymous=anonymous),
+                     anonymous=anonymous),
         on_commit=on_commit, using=using, on_locked=on_locked))
 
 
@@ -63,7 +63,7 @@ def limited(name: str, permits: int | None = None, *, key: str | Callable[..., o
     async views, class-based views through ``method_decorator``.
     """
     return _decorator(RequestLock(web.LimitSpec(name, permits=permits, key=key, timeout=timeout, status=status,
-                                                  retry_after=retry_after, anonymous=anonymous)))
+                                                retry_after=retry_after, anonymous=anonymous)))
 
 
 def _decorator(request_lock: RequestLock) -> Callable[[F], F]:

@@ -108,14 +108,15 @@ class RequestLock:
             return None
         return self.on_locked or config.web.on_locked  # type: ignore[no-any-return]
 
-    def _hold(self, request: HttpRequest, lock: web.Target, mode: str, owner: str) -> web.RequestHold:
-        """The request's hold, as :mod:`ylock.web` takes it for both plugins (released at
-        once, or when the surrounding transaction commits: ``on_commit``)."""
+    def _hold(self, request: HttpRequest, lock: web.Target, mode: str, owner: str, *,
+              deferred: bool = True) -> web.RequestHold:
+        """The request's hold, as :mod:`ylock.web` takes it for both plugins; ``deferred``:
+        released when the surrounding transaction commits (``on_commit``), else at once."""
         config = conf.current()
         return web.RequestHold(lock, mode, self.spec.timeout_for(config.registry), config.web,
                                retry=self.spec.retry_after, status=self.spec.status,
                                custom=self._on_locked(config, mode) is not None, owner=owner,
-                               release=lambda: self._release_later(owner, lock, mode))
+                               release=(lambda: self._release_later(owner, lock, mode)) if deferred else None)
 
     def _refused(self, request: HttpRequest, refusal: web.Refusal | ylock.LockTimeout, mode: str) -> HttpResponse:
         if isinstance(refusal, ylock.LockTimeout):
@@ -179,9 +180,8 @@ class RequestLock:
             return await call()
         mode, owner = self.spec.mode_for(request), request_owner(request)
         with owner_scope(owner):   # the view's own lock calls act as the request's owner
-            hold = self._hold(request, lock, mode, owner)
-            hold.release = None    # an async view's release is awaited at its end (no on_commit)
-            async with hold:
+            # An async view's release is awaited at its end (on_commit is for sync views).
+            async with self._hold(request, lock, mode, owner, deferred=False) as hold:
                 if hold.refusal is not None:
                     return self._refused(request, hold.refusal, mode)
                 return await call()

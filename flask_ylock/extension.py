@@ -147,7 +147,7 @@ class YLock:
         checked here, when the decorator is applied.
         """
         view_spec = web.LockSpec(name, key=key, mode=mode, timeout=timeout, status=status,
-                                   retry_after=retry_after, anonymous=anonymous)
+                                 retry_after=retry_after, anonymous=anonymous)
         if key is not False:
             web.check_family_name(name)
         return functools.partial(_decorate, view_spec)
@@ -169,7 +169,7 @@ class YLock:
         given back however the view ends. Works on sync and async views.
         """
         view_spec = web.LimitSpec(name, permits=permits, key=key, timeout=timeout, status=status,
-                                    retry_after=retry_after, anonymous=anonymous)
+                                  retry_after=retry_after, anonymous=anonymous)
         if key is not False:
             web.check_family_name(name)
         self._limited.append(view_spec)

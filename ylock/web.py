@@ -110,9 +110,9 @@ class UserLock:
         and write lock of the user, or (PERMITS > 1) a permit of the user's semaphore."""
         if self.permits > 1:
             return {PERMIT: LimitSpec(self.lock, permits=self.permits, key=None, timeout=self.timeout,
-                                        anonymous=self.anonymous, decorator="USER_LOCK")}
+                                      anonymous=self.anonymous, decorator="USER_LOCK")}
         return {mode: LockSpec(self.lock, key=None, mode=mode, timeout=self.timeout, anonymous=self.anonymous,
-                                 decorator="USER_LOCK") for mode in (READ, WRITE)}
+                               decorator="USER_LOCK") for mode in (READ, WRITE)}
 
 
 @dataclass(frozen=True)
