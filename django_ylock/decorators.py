@@ -39,8 +39,8 @@ def locked(name: str, *, key: str | Callable[..., object] | None | bool = None, 
     class-based views through ``method_decorator(locked(...), name="dispatch")``.
     """
     return _decorator(RequestLock(
-        web.LockedView(name, key=key, mode=mode, timeout=timeout, status=status, retry_after=retry_after,
-                       anonymous=anonymous),
+        web.LockSpec(name, key=key, mode=mode, timeout=timeout, status=status, retry_after=retry_after,
+                     anonymous=anonymous),
         on_commit=on_commit, using=using, on_locked=on_locked))
 
 
@@ -62,8 +62,8 @@ def limited(name: str, permits: int | None = None, *, key: str | Callable[..., o
     view is cancelled because its client went away). Checked here, when applied: sync and
     async views, class-based views through ``method_decorator``.
     """
-    return _decorator(RequestLock(web.LimitedView(name, permits=permits, key=key, timeout=timeout, status=status,
-                                                  retry_after=retry_after, anonymous=anonymous)))
+    return _decorator(RequestLock(web.LimitSpec(name, permits=permits, key=key, timeout=timeout, status=status,
+                                                retry_after=retry_after, anonymous=anonymous)))
 
 
 def _decorator(request_lock: RequestLock) -> Callable[[F], F]:

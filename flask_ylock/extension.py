@@ -27,9 +27,9 @@ import ylock.metrics
 from flask_ylock import signals
 from flask_ylock.cli import ylock_cli
 from flask_ylock.config import settings_from_app, web_settings_from_app, where
-from ylock import events, web
+from ylock import events, names, web
 from ylock.engines.base import PERMIT, WRITE
-from ylock.owner import new_owner, owner_scope, run_as
+from ylock.owner import new_owner, owner_scope
 from ylock.registry import TOP_KEYS, Registry
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class State:
         self.secret = app.secret_key
         ylock.metrics.validate(self.settings["METRICS"], setting=where("METRICS"))
         self.metrics = ylock.metrics.configure(self.settings["METRICS"], setting=where("METRICS"))
-        self.user_locks = None if self.web.user_lock is None else self.web.user_lock.views()
+        self.user_locks = None if self.web.user_lock is None else self.web.user_lock.specs()
 
 
 def in_config_terms(exc: ylock.ConfigurationError, app: Flask) -> ylock.ConfigurationError:
@@ -72,7 +72,7 @@ class YLock:
     def __init__(self, app: Flask | None = None) -> None:
         # What the @limited views of this extension ask of the settings, checked by init_app
         # (declarations, not per-app state: they hold no engine and no lock).
-        self._limited: list[web.LimitedView] = []
+        self._limited: list[web.LimitSpec] = []
         if app is not None:
             self.init_app(app)
 
@@ -154,8 +154,8 @@ class YLock:
         cannot be reached answers 503. Works on sync and async views. The arguments are
         checked here, when the decorator is applied.
         """
-        view_spec = web.LockedView(name, key=key, mode=mode, timeout=timeout, status=status,
-                                   retry_after=retry_after, anonymous=anonymous)
+        view_spec = web.LockSpec(name, key=key, mode=mode, timeout=timeout, status=status,
+                                 retry_after=retry_after, anonymous=anonymous)
         if key is not False:
             web.check_family_name(name)
         return functools.partial(_decorate, view_spec)
@@ -176,8 +176,8 @@ class YLock:
         else the timeout, at least 1). An unreachable engine answers 503. The permit is
         given back however the view ends. Works on sync and async views.
         """
-        view_spec = web.LimitedView(name, permits=permits, key=key, timeout=timeout, status=status,
-                                    retry_after=retry_after, anonymous=anonymous)
+        view_spec = web.LimitSpec(name, permits=permits, key=key, timeout=timeout, status=status,
+                                  retry_after=retry_after, anonymous=anonymous)
         if key is not False:
             web.check_family_name(name)
         self._limited.append(view_spec)
@@ -198,16 +198,18 @@ class YLock:
         target, mode, wait = _target(view_spec, {})
         if target is None:
             return None
+        hold = _hold(target, mode, wait, view_spec)
         with ylock.context(web.request_context(request.method, request.path)):
-            refused = run_as(request_owner(), _enter, target, mode, wait, view_spec)
-        if refused is None:
-            g._ylock_user_hold = (target, mode)
-        return refused  # type: ignore[return-value]
+            refusal = hold.enter()
+        if refusal is not None:
+            return _answer_for(refusal)
+        g._ylock_user_hold = hold           # left in _teardown_request, however the request ends
+        return None
 
     def _teardown_request(self, exc: BaseException | None) -> None:
-        held = g.pop("_ylock_user_hold", None)
-        if held is not None:
-            run_as(request_owner(), web.leave, *held)
+        hold: web.RequestHold | None = g.pop("_ylock_user_hold", None)
+        if hold is not None:
+            hold.leave()
 
 
 def state(app: Flask | None = None) -> State:
@@ -247,7 +249,7 @@ def current_user_key(anonymous: str = "session") -> str | None:
         return None
     secret = current_app.secret_key
     if not secret:
-        return web.key_name(f"addr-{request.remote_addr}")
+        return names.name_for(f"addr-{request.remote_addr}")
     visitor = session.get(web.SESSION_KEY)
     if visitor is None:
         visitor = session[web.SESSION_KEY] = web.new_visitor_id()
@@ -263,17 +265,11 @@ def _decorate(spec: web.RequestSpec, view: F) -> F:
                 target, held_mode, wait = _target(spec, kwargs)
                 if target is None:
                     return await view(*args, **kwargs)
-                with owner_scope(request_owner()):
-                    st = state()
-                    outcome = await web.aenter(target, held_mode, wait, st.web, retry=spec.retry_after,
-                                               status=spec.status, custom=_custom(st, held_mode))
-                    refused = _answer_for(outcome, st)
-                    if refused is not None:
-                        return refused
-                    try:
+                with owner_scope(request_owner()):      # the view's own lock calls too
+                    async with _hold(target, held_mode, wait, spec) as hold:
+                        if hold.refusal is not None:
+                            return _answer_for(hold.refusal)
                         return await view(*args, **kwargs)
-                    finally:
-                        await web.aleave(target, held_mode)
         return async_wrapper  # type: ignore[return-value]
 
     @functools.wraps(view)
@@ -282,14 +278,10 @@ def _decorate(spec: web.RequestSpec, view: F) -> F:
             target, held_mode, wait = _target(spec, kwargs)
             if target is None:
                 return view(*args, **kwargs)
-            with owner_scope(request_owner()):
-                refused = _enter(target, held_mode, wait, spec)
-                if refused is not None:
-                    return refused
-                try:
-                    return view(*args, **kwargs)
-                finally:
-                    web.leave(target, held_mode)
+            with owner_scope(request_owner()), _hold(target, held_mode, wait, spec) as hold:
+                if hold.refusal is not None:
+                    return _answer_for(hold.refusal)
+                return view(*args, **kwargs)
     return wrapper  # type: ignore[return-value]
 
 
@@ -307,16 +299,17 @@ def _custom(st: State, mode: str) -> bool:
     return st.web.on_locked is not None and mode != PERMIT
 
 
-def _enter(lock: web.Target, mode: str, timeout: float | None, spec: web.RequestSpec) -> Response | None:
+def _hold(lock: web.Target, mode: str, timeout: float | None, spec: web.RequestSpec) -> web.RequestHold:
+    """The request's hold, as :mod:`ylock.web` takes it for both plugins."""
     st = state()
-    return _answer_for(web.enter(lock, mode, timeout, st.web, retry=spec.retry_after, status=spec.status,
-                                 custom=_custom(st, mode)), st)
+    return web.RequestHold(lock, mode, timeout, st.web, retry=spec.retry_after, status=spec.status,
+                           custom=_custom(st, mode), owner=request_owner())
 
 
-def _answer_for(outcome: web.Refusal | ylock.LockTimeout | None, st: State) -> Response | None:
+def _answer_for(outcome: web.Refusal | ylock.LockTimeout) -> Response:
     if isinstance(outcome, ylock.LockTimeout):
-        return st.web.on_locked(outcome)  # type: ignore[misc, no-any-return]
-    return None if outcome is None else answer(outcome)
+        return state().web.on_locked(outcome)  # type: ignore[misc, no-any-return]
+    return answer(outcome)
 
 
 def answer(refusal: web.Refusal) -> Response:

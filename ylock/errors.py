@@ -54,8 +54,8 @@ class ConfigurationError(LockError, ValueError):
     """A URL, setting or option is invalid.
 
     ``code`` says which kind of mistake (``"E002"``: an engine URL or option; the list is in
-    :mod:`ylock.options`), so that Django can report it as the system check
-    ``django_ylock.E002``; ``hint`` says how to fix it, when there is more to say. The
+    :mod:`ylock.options`), so that a plugin can report it with a stable id (the Django app's
+    system checks); ``hint`` says how to fix it, when there is more to say. The
     message (``str()``) ends with the hint in parentheses; ``problem`` is the message alone.
     """
 

@@ -8,7 +8,9 @@ connection that every other lock of the process shares.
 """
 from __future__ import annotations
 
+import hashlib
 import re
+from urllib.parse import quote
 
 MAX_GROUP_LENGTH = 64
 MAX_NAME_LENGTH = 200
@@ -49,3 +51,13 @@ def check_group(group: object) -> str:
 def check_name(name: object) -> str:
     """Return ``name`` if it is a valid lock name, else raise ValueError saying why."""
     return _check("name", name, MAX_NAME_LENGTH)
+
+
+def name_for(value: object) -> str:
+    """Turn any value (a URL value, a user id, a task argument) into a valid lock name:
+    characters a name may not hold are percent-escaped, and a value too long is replaced
+    by its hash, so the same value always gives the same name."""
+    name = quote(str(value), safe=" !$&'()*+,;=:@~")
+    if len(name) > MAX_NAME_LENGTH:
+        name = "sha256-" + hashlib.sha256(name.encode()).hexdigest()
+    return check_name(name)

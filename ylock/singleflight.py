@@ -40,7 +40,7 @@ from typing import Any, Protocol, TypeVar
 from ylock import options as opt
 from ylock.errors import EngineUnavailable, LockLost, LockTimeout
 from ylock.lock import Lock
-from ylock.web import key_name
+from ylock.names import name_for
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def lock_name(key: str) -> str:
     when it is too long (so any key is safe, and a short one stays readable in ``ylock list``)."""
     if not isinstance(key, str) or not key:
         raise ValueError(f"a cache key must be a non-empty str, got {key!r}")
-    return key_name(key)
+    return name_for(key)
 
 
 def check_on_timeout(on_timeout: str) -> str:

@@ -14,26 +14,26 @@ waited for, so a trace viewer shows who blocked whom, across processes.
 
 How the links are found: with tracing on, an acquisition first tries once without
 waiting; only if that fails does it read the lock's holders (one request) before it
-waits. Without tracing enabled none of this runs: the lock path checks one module
-attribute. Enabled while OpenTelemetry has no tracer provider configured (the API alone,
-or the SDK not set up yet), an acquisition checks that once and goes the untraced way; a
-provider set later is picked up by the next acquisition. See ``bench/`` for the measured
-cost.
+waits. Without tracing enabled none of this runs: the lock path checks one empty tuple.
+Tracing is a watcher of the lock path (:class:`ylock.events.Watcher`): the facade never
+imports this module, and this module uses public names only. Enabled while OpenTelemetry
+has no tracer provider configured (the API alone, or the SDK not set up yet), an
+acquisition checks that once and goes the untraced way; a provider set later is picked
+up by the next acquisition. See ``bench/`` for the measured cost.
 """
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ylock import events
 from ylock.engines.base import LOCK, SEMAPHORE
 
 if TYPE_CHECKING:
     from ylock.holds import Hold
-    from ylock.lock import _Holding
 
-#: The active tracing (None: off). The facade reads it on every first acquisition.
+#: The active tracing (None: off), watching the lock path (:func:`ylock.events.watch`).
 ACTIVE: Tracing | None = None
 
 
@@ -89,13 +89,13 @@ class Tracing:
             self._propagator.extract({"traceparent": parent}, getter=self._getter)).get_span_context()
         return self._trace.Link(span_context) if span_context.is_valid else None
 
-    # -- waits ---------------------------------------------------------------------------------
+    # -- waits (see ylock.events.Watcher) ------------------------------------------------------
 
-    def _attributes(self, target: _Holding, mode: str) -> dict[str, Any]:
+    def _attributes(self, target: Any, mode: str) -> dict[str, Any]:
         return {"ylock.group": target.group, "ylock.name": target.name, "ylock.mode": mode,
                 "ylock.kind": target.kind, "ylock.engine": target.engine.scheme}
 
-    def _holders(self, target: _Holding) -> list[Any]:
+    def _holders(self, target: Any) -> list[Any]:
         try:
             info = target.engine.describe_lock(target.group, target.name, SEMAPHORE if target.kind == SEMAPHORE
                                                else LOCK)
@@ -106,11 +106,26 @@ class Tracing:
         links = [self._link(info.context.get(owner, {})) for owner in info.owners]
         return [link for link in links if link is not None]
 
-    def _wait_span(self, target: _Holding, mode: str, links: list[Any], started_ns: int) -> Any:
+    def _wait_span(self, target: Any, mode: str, links: list[Any], started_ns: int) -> Any:
         return self.tracer.start_span(f"ylock wait {target.group}/{target.name}", links=links,
                                       attributes=self._attributes(target, mode), start_time=started_ns)
 
-    def _finish_wait(self, span: Any, token: int | None, error: BaseException | None) -> None:
+    def start(self, acquisition: events.Acquisition) -> None:
+        """Store the caller's ``traceparent`` with the hold (waiters link to it)."""
+        acquisition.context = self.context(acquisition.context)
+
+    def waiting(self, acquisition: events.Acquisition) -> None:
+        """Start the wait span, linked to the spans of the holders waited for (their hold
+        context's ``traceparent``): read once, after the first try failed."""
+        target = acquisition.target
+        acquisition.notes[self] = self._wait_span(target, acquisition.mode, self._holders(target),
+                                                  acquisition.started_ns)
+
+    def waited(self, acquisition: events.Acquisition, token: int | None, error: BaseException | None) -> None:
+        """End the wait span (one without links if the first try settled it)."""
+        span = acquisition.notes.pop(self, None)
+        if span is None:
+            span = self._wait_span(acquisition.target, acquisition.mode, [], acquisition.started_ns)
         Status, StatusCode = self._status, self._code   # noqa: N806 - OpenTelemetry's names
         if error is not None:
             span.record_exception(error)
@@ -124,62 +139,26 @@ class Tracing:
             span.set_attribute("ylock.token", token)
         span.end()
 
-    def acquire(self, target: _Holding, mode: str, owner: str, deadline: float | None,
-                context: Mapping[str, Any] | None) -> int | None:
-        """An engine acquisition with its wait span (blocking)."""
-        if not self.on():
-            return target.engine.acquire(target._request(mode, owner, deadline, context))
-        context = self.context(context)
-        started_ns = time.time_ns()
-        token: int | None = None
-        span: Any = None
-        try:
-            token = target.engine.acquire(target._request(mode, owner, time.monotonic(), context))
-            if token is None and (deadline is None or time.monotonic() < deadline):
-                span = self._wait_span(target, mode, self._holders(target), started_ns)
-                token = target.engine.acquire(target._request(mode, owner, deadline, context))
-        except BaseException as exc:
-            self._finish_wait(span or self._wait_span(target, mode, [], started_ns), None, exc)
-            raise
-        self._finish_wait(span or self._wait_span(target, mode, [], started_ns), token, None)
-        return token
-
-    async def aacquire(self, target: _Holding, mode: str, owner: str, deadline: float | None,
-                       context: Mapping[str, Any] | None) -> int | None:
-        """:meth:`acquire` from an asyncio task."""
-        if not self.on():
-            return await target.engine.aacquire(target._request(mode, owner, deadline, context))
-        context = self.context(context)
-        started_ns = time.time_ns()
-        token: int | None = None
-        span: Any = None
-        try:
-            token = await target.engine.aacquire(target._request(mode, owner, time.monotonic(), context))
-            if token is None and (deadline is None or time.monotonic() < deadline):
-                span = self._wait_span(target, mode, self._holders(target), started_ns)
-                token = await target.engine.aacquire(target._request(mode, owner, deadline, context))
-        except BaseException as exc:
-            self._finish_wait(span or self._wait_span(target, mode, [], started_ns), None, exc)
-            raise
-        self._finish_wait(span or self._wait_span(target, mode, [], started_ns), token, None)
-        return token
-
     # -- holds ---------------------------------------------------------------------------------
 
-    def held(self, target: _Holding, hold: Hold, mode: str) -> Any:
-        """Start the hold span of a first acquisition (None while no provider is configured)."""
-        if not self.on():
-            return None
-        return self.tracer.start_span(f"ylock hold {target.group}/{target.name}",
-                                      attributes={**self._attributes(target, mode), "ylock.token": hold.token})
+    def held(self, acquisition: events.Acquisition, hold: Hold) -> None:
+        """Start the hold span of a first acquisition, kept on the hold (``hold.span``)."""
+        target = acquisition.target
+        hold.span = self.tracer.start_span(f"ylock hold {target.group}/{target.name}",
+                                           attributes={**self._attributes(target, acquisition.mode),
+                                                       "ylock.token": hold.token})
+
+    def released(self, hold: Hold) -> None:
+        """End a hold's span at its final release (an error status if the hold was lost)."""
+        released(hold)
 
 
 def released(hold: Hold) -> None:
     """End a hold's span at its final release (an error status if the hold was lost)."""
-    from opentelemetry.trace import Status, StatusCode
-
     span, hold.span = hold.span, None
     if span is not None:
+        from opentelemetry.trace import Status, StatusCode
+
         if hold.lost:
             span.set_status(Status(StatusCode.ERROR, f"lost: {hold.lost_reason}"))
         span.end()
@@ -194,13 +173,17 @@ def enable(tracer_provider: Any = None) -> Tracing:
     from ylock import __version__
 
     provider = tracer_provider or trace.get_tracer_provider()
+    disable()
     ACTIVE = Tracing(provider.get_tracer("ylock", __version__), tracer_provider)
+    events.watch(ACTIVE)
     return ACTIVE
 
 
 def disable() -> None:
     """Stop tracing lock waits and holds."""
     global ACTIVE
+    if ACTIVE is not None:
+        events.unwatch(ACTIVE)
     ACTIVE = None
 
 

@@ -246,6 +246,37 @@ def test_all_of_releases_what_it_took_when_one_is_busy(engine, group):
     runner.outcome()
 
 
+@pytest.mark.parametrize("kind, mode", [("lock", "write"), ("lock", "read"), ("semaphore", "permit")])
+def test_a_guard_holds_the_mode_it_is_given_as_data(engine, group, kind, mode):
+    """``target.guard(mode)``: the one verb that takes the mode (web views, Celery, all_of)."""
+    def target() -> ylock.Lock | ylock.Semaphore:
+        return sem(engine, group, permits=1) if kind == "semaphore" else ylock.Lock(engine, group, "g")
+
+    def rival() -> bool:       # another owner: a writer, or the next permit
+        guard = target().guard("permit" if kind == "semaphore" else "write")
+        got = guard.try_acquire(0)
+        if got:
+            guard.release()
+        return got
+
+    mine = target()
+    guard = mine.guard(mode, timeout=1)
+    assert (guard.target, guard.mode, guard.timeout) == (mine, mode, 1)
+    assert guard.try_acquire() is True and mine.held() and isinstance(mine.token, int)
+    assert other(rival) is False
+    guard.release()
+    assert not mine.held() and other(rival) is True
+
+    async def twice() -> bool:
+        got = await guard.atry_acquire()
+        held = mine.held()
+        await guard.arelease()
+        return got and held
+    assert asyncio.run(twice()) is True and not mine.held()
+    with pytest.raises(ylock.ConfigurationError, match="mode"):
+        mine.guard("write" if kind == "semaphore" else "permit")
+
+
 # -- holds that change hands ------------------------------------------------------------------
 
 
