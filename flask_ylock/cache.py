@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from flask_ylock.state import state
 from ylock import singleflight
 
 T = TypeVar("T")
@@ -53,8 +54,6 @@ def get_or_set(cache: Any, key: str, compute: Callable[[], T], timeout: int | No
     ``"raise"`` raises :class:`ylock.LockTimeout`. With the lock engine unreachable the
     value is computed without the lock (a warning is logged), never an error.
     """
-    from flask_ylock.extension import state
-
     if not (hasattr(cache, "get") and hasattr(cache, "set")):
         raise TypeError(f"cache must be a Flask-Caching Cache, got {cache!r}")
     singleflight.check_on_timeout(on_timeout)

@@ -16,7 +16,6 @@ import functools
 import inspect
 import json
 import logging
-import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -25,45 +24,16 @@ from flask import Flask, Response, current_app, g, has_app_context, request, ses
 import ylock
 import ylock.metrics
 from flask_ylock import signals
+from flask_ylock.cache import get_or_set as cache_get_or_set
 from flask_ylock.cli import ylock_cli
-from flask_ylock.config import settings_from_app, web_settings_from_app, where
+from flask_ylock.state import State, in_config_terms, state
 from ylock import events, names, web
 from ylock.engines.base import PERMIT, WRITE
 from ylock.owner import new_owner, owner_scope
-from ylock.registry import TOP_KEYS, Registry
 
 logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class State:
-    """One app's ylock state: its registry of engines and locks, web settings and metrics."""
-
-    def __init__(self, app: Flask) -> None:
-        # Validate everything before starting anything (exporters are process-wide).
-        self.settings = settings_from_app(app)
-        self.registry = Registry(self.settings, where="YLOCK")
-        try:
-            self.registry.validate(known=TOP_KEYS)
-        except ylock.ConfigurationError as exc:
-            raise in_config_terms(exc, app) from exc
-        self.web = web_settings_from_app(app)
-        self.secret = app.secret_key
-        ylock.metrics.validate(self.settings["METRICS"], setting=where("METRICS"))
-        self.metrics = ylock.metrics.configure(self.settings["METRICS"], setting=where("METRICS"))
-        self.user_locks = None if self.web.user_lock is None else self.web.user_lock.specs()
-
-
-def in_config_terms(exc: ylock.ConfigurationError, app: Flask) -> ylock.ConfigurationError:
-    """The registry's error, naming the ``app.config`` keys the user wrote: the registry
-    reads a Django-shaped dict (``YLOCK['LOCKS']['accounts']``), the user wrote
-    ``YLOCK_LOCKS['accounts']`` (and ``YLOCK_URL``, when the default engine came from it)."""
-    def rename(text: str) -> str:
-        if app.config.get("YLOCK_ENGINES") is None:
-            text = text.replace("YLOCK['ENGINES']['default']", "YLOCK_URL")
-        return re.sub(r"YLOCK\['(ENGINES|LOCKS|METRICS)'\]", r"YLOCK_\1", text)
-    return ylock.ConfigurationError(rename(exc.problem), code=exc.code, hint=rename(exc.hint))
 
 
 class YLock:
@@ -134,9 +104,7 @@ class YLock:
                    lock_timeout: float | None = 10.0, *, lock: str = "cache", on_timeout: str = "compute") -> Any:
         """Return ``key`` from ``cache`` (a Flask-Caching ``Cache``), computing it once
         deployment-wide on a miss: see :func:`flask_ylock.cache.get_or_set`."""
-        from flask_ylock.cache import get_or_set
-
-        return get_or_set(cache, key, compute, timeout, lock_timeout, lock=lock, on_timeout=on_timeout)
+        return cache_get_or_set(cache, key, compute, timeout, lock_timeout, lock=lock, on_timeout=on_timeout)
 
     # -- the view decorator -------------------------------------------------------------
 
@@ -210,20 +178,6 @@ class YLock:
         hold: web.RequestHold | None = g.pop("_ylock_user_hold", None)
         if hold is not None:
             hold.leave()
-
-
-def state(app: Flask | None = None) -> State:
-    """Return the ylock state of ``app`` (default: the current app); raise an actionable error if none."""
-    if app is None:
-        if not has_app_context():
-            raise RuntimeError("flask_ylock needs an application context: call this inside a request, "
-                               "a CLI command or `with app.app_context():`")
-        app = current_app._get_current_object()  # type: ignore[attr-defined]
-    try:
-        return app.extensions["ylock"]  # type: ignore[no-any-return]
-    except KeyError:
-        raise RuntimeError(f"ylock is not initialised on app {app.name!r}: did you forget to call "
-                           "`ylock.init_app(app)` (or `YLock(app)`)?") from None
 
 
 def request_owner() -> str:

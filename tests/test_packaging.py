@@ -81,7 +81,7 @@ def test_the_wheel_installs_the_ylock_command_and_says_what_it_is(dist: Path) ->
         licence = [n for n in archive.namelist() if n.startswith(info) and n.rsplit("/", 1)[-1] == "LICENSE"]
         assert licence and b"MIT License" in archive.read(licence[0])
     assert dict(entry_points["console_scripts"]) == {"ylock": "ylock.cli:main"}
-    assert dict(entry_points["pytest11"]) == {"ylock": "ylock.testing.pytest_plugin"}   # users' fixtures
+    assert dict(entry_points["pytest11"]) == {"ylock": "pytest_ylock"}   # users' fixtures
     assert metadata["Name"] == "ylock" and metadata["License"] == "MIT"
     classifiers = metadata.get_all("Classifier")
     from trove_classifiers import classifiers as known  # PyPI refuses an upload with an unknown one

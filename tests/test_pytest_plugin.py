@@ -214,7 +214,7 @@ def test_plugin_imports_no_framework_when_loaded() -> None:
         import sys, time
         import pytest
         started = time.perf_counter()
-        import ylock.testing.pytest_plugin
+        import pytest_ylock
         took = time.perf_counter() - started
         frameworks = sorted({m.split(".")[0] for m in sys.modules} & {"django", "flask", "celery", "redis", "kazoo",
                                                                        "psycopg", "django_ylock", "flask_ylock"})

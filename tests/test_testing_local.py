@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from celery import Celery
 
+import pytest_ylock as pytest_plugin
 import ylock
 from celery_ylock import LockedTask, TaskLocked, conf
 from ylock.holds import HOLDS
-from ylock.testing import pytest_plugin
 from ylock.testing.local import LocalTestEngine, shared
 
 # The plugin's fixtures, as a user's session has them (its entry point loads them there).

@@ -187,7 +187,7 @@ class _Holding:
         if HOLDS.renew_from(hold, mode, self.polling.waiter_lease / 3):
             WATCHDOG.ensure_running()
         if not sigterm.checked:
-            sigterm.install()       # a plain script's `kill PID` gives its holds back (ylock.sigterm)
+            sigterm.install(release_all, EXIT_BUDGET)   # a plain script's `kill PID` gives its holds back
         if watched is not None:
             for watcher in watched.watchers:
                 watcher.held(watched, hold)

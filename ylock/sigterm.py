@@ -10,9 +10,10 @@ in C, where Python cannot see it). Gunicorn, Celery, uvicorn and asyncio install
 own handlers, so they are unaffected; an application that installs its own later simply
 replaces ylock's.
 
-The handler releases what the process holds (within :data:`ylock.lock.EXIT_BUDGET`),
-then restores the default handler and sends SIGTERM again: the process still dies of
-SIGTERM, with the same exit status and without exit hooks, as it would have without ylock.
+The handler calls ``release`` (the lock module passes its release at exit, with
+:data:`ylock.lock.EXIT_BUDGET` as ``budget``), then restores the default handler and
+sends SIGTERM again: the process still dies of SIGTERM, with the same exit status and
+without exit hooks, as it would have without ylock.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import os
 import signal
 import sys
 import threading
-from types import FrameType
+from collections.abc import Callable
 
 #: Set once the main thread looked at SIGTERM's handler (installed ylock's or left it).
 checked = False
@@ -29,10 +30,12 @@ checked = False
 _C_HOSTS = ("uwsgi", "mod_wsgi")
 
 
-def install() -> bool:
+def install(release: Callable[[], object], budget: float) -> bool:
     """Install the handler if SIGTERM has the default one and this is the main thread of a
-    plain Python process; return whether it was installed. Called on each first
-    acquisition until the main thread has looked once (cheap: one global test after)."""
+    plain Python process; return whether it was installed. The handler calls ``release``
+    (which gives back every hold of the process) and waits ``budget`` seconds for it at
+    most. Called on each first acquisition until the main thread has looked once (cheap:
+    one global test after)."""
     global checked
     if threading.current_thread() is not threading.main_thread():
         return False                  # only the main thread may set handlers: look again later
@@ -42,21 +45,19 @@ def install() -> bool:
     try:
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             return False              # the application's (or its server's) own handler, or SIG_IGN
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        signal.signal(signal.SIGTERM, lambda signum, frame: _on_sigterm(release, budget))
     except (ValueError, OSError):     # not the main interpreter, or no such signal here
         return False
     return True
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    from ylock.lock import EXIT_BUDGET, release_all
-
+def _on_sigterm(release: Callable[[], object], budget: float) -> None:
     # Release from another thread: the signal may have interrupted this one inside the hold
     # table or an engine while it held their (non-reentrant) locks. The helper then waits
     # for them in vain, the join gives up after the budget and those holds keep their lease,
     # which is no worse than without the handler.
-    helper = threading.Thread(target=release_all, name="ylock-sigterm", daemon=True)
+    helper = threading.Thread(target=release, name="ylock-sigterm", daemon=True)
     helper.start()
-    helper.join(EXIT_BUDGET + 1.0)
+    helper.join(budget + 1.0)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)

@@ -19,7 +19,7 @@ engine calls, as a server that does not answer does; a lost hold's lease runs ou
 engine (others may take the lock; the release finds nothing) and the process's hold table
 is told, as a renewal that finds no lock tells it. No mock stands in for anything.
 
-The pytest plugin (:mod:`ylock.testing.pytest_plugin`) hands one to each test that asks
+The pytest plugin (:mod:`pytest_ylock`) hands one to each test that asks
 (``ylock_engine``) and wires it into Django's and Flask's settings; :meth:`django_setting`
 and :meth:`flask_config` do the wiring by hand, e.g. for an app factory.
 """

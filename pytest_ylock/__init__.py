@@ -63,7 +63,7 @@ def ylock_flask(ylock_engine: LocalTestEngine) -> Iterator[Callable[[Any], Local
     restore: list[Callable[[], None]] = []
 
     def use(app: Any) -> LocalTestEngine:
-        from flask_ylock.extension import state
+        from flask_ylock.state import state
         from ylock.registry import Registry
 
         current = state(app)
