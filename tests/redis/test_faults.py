@@ -107,13 +107,16 @@ def test_ten_thousand_holds_are_renewed_in_few_round_trips(redis_server, group):
             locks.unlock(name)
 
 
-def test_sentinel_failover_under_load_does_not_hang(redis_sentinel, group):
+def test_sentinel_failover_under_load_does_not_hang(redis_sentinel, group, tmp_path):
     engine = ylock.engine_from_url(redis_sentinel.url + "?socket_timeout=1")
-    with LockLoad([ylock.Lock(engine, group, f"n{i % 2}", lease=2) for i in range(4)], timeout=1) as load:
+    locks = [ylock.Lock(engine, group, f"n{i % 2}", lease=2) for i in range(4)]
+    with LockLoad(locks, timeout=1, directory=tmp_path) as load:
         redis_sentinel.failover()
         load.progress(20, timeout=20, what="progress after the failover")    # the engine follows the new master
-        load.stop(join=10)
-    print("sentinel failover outcomes:", load.outcomes)
+        # The replica promoted may not have the last grants (Redis replicates asynchronously):
+        # no fenced update may be lost, but two holders may overlap across the promotion.
+        verdicts = load.stop(join=10, strict=False)
+    print("sentinel failover outcomes:", load.outcomes, verdicts)
 
 
 def test_cluster_master_killed_fails_within_timeouts():
