@@ -1,0 +1,37 @@
+"""Renewal of many holds by the Redis engine: batched into few round trips."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import ylock
+from tests.helpers import expect_event
+from ylock import events
+
+pytestmark = pytest.mark.slow
+
+
+def test_ten_thousand_holds_are_renewed_in_few_round_trips(redis_server, group):
+    engine = ylock.engine_from_url(redis_server.url)
+    locks = ylock.Locks(engine, group, lease=3.0)
+    names = [f"n{i}" for i in range(10_000)]
+    batches: list[tuple[int, float]] = []
+    lost = expect_event(events.LOST, group)
+    for name in names:
+        locks.lock(name)
+    try:
+        ylock.WATCHDOG.on_batch = lambda eng, n, secs: batches.append((n, time.monotonic())) if eng is engine else None
+        window_start = time.monotonic()
+        time.sleep(2.0)                             # two renewal periods (lease / 3 = 1 s) go by
+        window = [n for n, at in batches if at >= window_start]
+        ylock.WATCHDOG.on_batch = None
+        assert sum(window) >= 10_000, f"only {sum(window)} renewals in two periods"
+        # each batch is one engine.renew() call: <= 5 pipelines of 2,000 on one server
+        assert len(window) <= 2 * 3, f"{len(window)} batches in two periods"
+        assert not lost.is_set()
+        assert all(not locks[name].lost for name in names[:100])
+    finally:
+        ylock.WATCHDOG.on_batch = None
+        for name in names:
+            locks.unlock(name)
