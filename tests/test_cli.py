@@ -45,7 +45,9 @@ def test_list_inspect_and_release_with_a_piped_confirmation(url: str, group: str
     lock.lock()
     def read_once() -> bool:
         reader = ylock.Lock(engine, group, "orders")
-        if not reader.try_rlock(10):
+        # Queued until the piped release below, after six CLI runs: each a Python start,
+        # which takes seconds on a loaded machine (10 s in all was not always enough).
+        if not reader.try_rlock(60):
             return False
         reader.runlock()
         return True
