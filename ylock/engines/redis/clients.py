@@ -12,7 +12,7 @@ ylock's own options are listed in :data:`OPTIONS`. On ``redis://`` and ``rediss:
 redis-py's connection options pass through too (``client_name``, ``max_connections``,
 ``ssl_ca_certs``...); on the other kinds they are given as keyword arguments.
 ``max_connections`` bounds the round trips in flight per process (and per event loop), not
-the waiters, who hold no connection (see :mod:`ylock.engines.redis`). An option
+the waiters, who hold no connection (see :mod:`ylock.engines.redis.engine`). An option
 that neither ylock nor redis-py takes is a :class:`~ylock.ConfigurationError` naming it,
 raised when the engine is made (URL) or checked (keyword options, :meth:`Clients.check`).
 """
