@@ -120,7 +120,8 @@ def db(tmp_path: Path) -> Iterator[str]:
     yield path
     embedded.release(path)
     for proc in _servers(path) + _keepers(path):      # never leave one behind a failed test
-        proc.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):  # stopped meanwhile, as it should after release
+            proc.kill()
 
 
 def _servers(db: str) -> list[psutil.Process]:

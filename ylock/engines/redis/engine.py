@@ -68,7 +68,7 @@ from ylock.engines.redis.aio import AsyncSide, open_side
 from ylock.engines.redis.clients import Clients, split_url
 from ylock.engines.redis.direct import DirectCalls, ThreadNotifyHub, cluster_call
 from ylock.engines.redis.keys import Keys
-from ylock.engines.redis.scripts import ACQUIRE, RELEASE, TryFlags, release_args
+from ylock.engines.redis.scripts import ACQUIRE, FIRST_TRY, RELEASE, release_args
 from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
 from ylock.owner import check_fork
@@ -228,7 +228,7 @@ class RedisEngine(Engine):
         script takes its permit count in the mode's place)."""
         return (self.keys.x(r.group, r.name, r.mode),
                 [r.owner, r.permits if r.mode == PERMIT else r.mode,
-                 TryFlags(bool(r.fair), stay=True, queued=False).encode(), int(r.lease * 1000),
+                 FIRST_TRY[r.fair], int(r.lease * 1000),
                  int(r.polling.waiter_lease * 1000), r.context])
 
     def acquire(self, request: AcquireRequest) -> int | None:

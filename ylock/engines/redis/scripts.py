@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from ylock.engines.base import PERMIT, READ, WRITE
 
-__all__ = ["ACQUIRE", "NAMES", "RELEASE", "SOURCES", "TryFlags", "fill", "release_args"]
+__all__ = ["ACQUIRE", "FIRST_TRY", "NAMES", "RELEASE", "SOURCES", "TryFlags", "fill", "release_args"]
 
 
 def _script(name: str) -> str:
@@ -64,3 +64,7 @@ class TryFlags(NamedTuple):
 
 _ENCODED = {flags: "".join("1" if flag else "0" for flag in flags)
             for flags in (TryFlags(f, s, q) for f in (False, True) for s in (False, True) for q in (False, True))}
+
+#: The encoded flags of a first try (stay, not queued yet), by fairness: made once, since
+#: every acquisition sends them.
+FIRST_TRY = {fair: TryFlags(fair, stay=True, queued=False).encode() for fair in (False, True)}
