@@ -40,7 +40,7 @@ _PDEATHSIG_SHIM = (
 )
 
 
-class StartFailed(Exception):
+class _StartFailed(Exception):
     pass
 
 
@@ -93,7 +93,7 @@ class _Keeper:
         while True:
             code = proc.poll()
             if code is not None:
-                raise StartFailed(f"redis-server exited with status {code} (see {paths.log})")
+                raise _StartFailed(f"redis-server exited with status {code} (see {paths.log})")
             try:
                 info = query_info(paths.socket, 1.0)
                 if info.get("process_id") == str(proc.pid) and send_command(paths.socket, ["PING"], 1.0) == b"PONG":
@@ -101,7 +101,7 @@ class _Keeper:
             except (NoServer, ErrorReply, Unresponsive):    # not yet listening, or still loading
                 pass
             if time.monotonic() >= deadline:
-                raise StartFailed(f"redis-server did not answer on {paths.socket} in time")
+                raise _StartFailed(f"redis-server did not answer on {paths.socket} in time")
             time.sleep(0.005)
         self.run_id = info["run_id"]
         self.started_at = time.monotonic()
@@ -153,7 +153,7 @@ class _Keeper:
             self.log(f"redis-server {self.proc.pid} exited ({code}) while in use: restarting it")
             try:
                 self.start(time.monotonic() + self.timeout)
-            except (StartFailed, OSError) as exc:
+            except (_StartFailed, OSError) as exc:
                 self.log(f"restart failed: {exc}")
                 self.stop()
                 return False
@@ -227,7 +227,7 @@ def _private_dir(path: str) -> None:
     os.makedirs(path, mode=0o700, exist_ok=True)
     st = os.lstat(path)
     if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise StartFailed(f"{path} must be a directory of this user, closed to others (for the socket)")
+        raise _StartFailed(f"{path} must be a directory of this user, closed to others (for the socket)")
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -254,7 +254,7 @@ def _keep(db: str, socket_path: str, binary: str, lock_fd: int, timeout: float) 
     try:
         try:
             keeper.start(deadline, say)
-        except (StartFailed, OSError) as exc:
+        except (_StartFailed, OSError) as exc:
             keeper.log(f"start failed: {exc}")
             say(f"error {exc}")
             keeper.stop()
