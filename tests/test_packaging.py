@@ -58,7 +58,7 @@ def test_the_wheel_holds_every_package_file(dist: Path) -> None:
     with _wheel(dist) as archive:
         shipped = {name for name in archive.namelist() if name.split("/")[0] in PACKAGES}
     source = _source_files()
-    assert "ylock/engines/lua/acquire.lua" in source and "ylock/metrics/grafana/ylock-dashboard.json" in source
+    assert "ylock/engines/redis/lua/acquire.lua" in source and "ylock/metrics/grafana/ylock-dashboard.json" in source
     assert source - shipped == set()
     assert shipped - source == set()
 
@@ -96,7 +96,7 @@ def test_the_wheel_installs_the_ylock_command_and_says_what_it_is(dist: Path) ->
     with tarfile.open(next(dist.glob("ylock-*.tar.gz"))) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
     assert {"LICENSE", "CHANGELOG.md", "README.md", "setup.cfg", "pyproject.toml",
-            "ylock/engines/lua/acquire.lua", "ylock/cli.py"} <= names
+            "ylock/engines/redis/lua/acquire.lua", "ylock/cli.py"} <= names
 
 
 def test_the_ylock_command_runs_from_its_entry_point() -> None:

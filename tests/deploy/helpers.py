@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 import ylock
-from ylock.engines import embedded
+from ylock import embedded
 from ylock.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -325,7 +325,8 @@ def embedded_processes(db: Path) -> tuple[list[int], list[int]]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"keep" in cmdline and os.fsencode(real) in cmdline and any(a.endswith(b"embedded.py") for a in cmdline):
+        keeper = any(a.endswith(b"embedded/__main__.py") for a in cmdline)
+        if b"keep" in cmdline and os.fsencode(real) in cmdline and keeper:
             keepers.append(pid)
     return servers, keepers
 
