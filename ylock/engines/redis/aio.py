@@ -7,13 +7,11 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ylock.engines.redis.direct import AsyncDirectCalls, NotifyHub, async_cluster_call
+from ylock.engines.redis.parts import EngineParts
 from ylock.owner import check_fork
-
-if TYPE_CHECKING:
-    from ylock.engines.redis.engine import RedisEngine
 
 __all__ = ["AsyncSide", "close_dead_sides", "open_side"]
 
@@ -58,7 +56,7 @@ class AsyncSide:
             loop.call_soon_threadsafe(lambda: loop.create_task(self.aclose()))
 
 
-async def open_side(engine: RedisEngine) -> AsyncSide:
+async def open_side(engine: EngineParts) -> AsyncSide:
     """Return this event loop's client, direct calls and notify hub for ``engine``, made on
     their first use here.
 
@@ -75,7 +73,7 @@ async def open_side(engine: RedisEngine) -> AsyncSide:
     or the engine is closed."""
     check_fork()
     loop = asyncio.get_running_loop()
-    sides = engine._async
+    sides: dict[asyncio.AbstractEventLoop, AsyncSide] = engine._async
     side = sides.get(loop)
     if side is not None:
         return side

@@ -3,22 +3,20 @@ lock keys, one script call per live lock) and the statistics processes publish."
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, WRITE, LockInfo, holder_context
-
-if TYPE_CHECKING:
-    from ylock.engines.redis.engine import RedisEngine
+from ylock.engines.redis.parts import EngineParts
 
 __all__ = ["describe", "describe_base", "publish_stats", "read_stats"]
 
 
-def _scan(engine: RedisEngine, pattern: str) -> Iterator[str]:
+def _scan(engine: EngineParts, pattern: str) -> Iterator[str]:
     for key in engine.client.scan_iter(match=pattern, count=1000):
         yield key.decode() if isinstance(key, bytes) else key
 
 
-def describe(engine: RedisEngine, group: str | None) -> list[LockInfo]:
+def describe(engine: EngineParts, group: str | None) -> list[LockInfo]:
     """Every held or waited-for lock and semaphore (of ``group``, if given)."""
     keys = engine.keys
     # A lock whose only key is its fence is free and unqueued: skip it without a round
@@ -32,7 +30,7 @@ def describe(engine: RedisEngine, group: str | None) -> list[LockInfo]:
     return infos
 
 
-def describe_base(engine: RedisEngine, base: str) -> LockInfo | None:
+def describe_base(engine: EngineParts, base: str) -> LockInfo | None:
     """The lock (or semaphore) whose keys start with ``base``, or None if free and unqueued."""
     group, name, semaphore = engine.keys.parse_base(base)
     writer, writer_token, writer_ttl, shared, queue, modes, tokens, now, permits, notes = \
@@ -62,12 +60,12 @@ def describe_base(engine: RedisEngine, base: str) -> LockInfo | None:
     return LockInfo(group, name, None, (), waiters, None, None, kind, count, context)
 
 
-def publish_stats(engine: RedisEngine, process: str, data: bytes, ttl: float) -> None:
+def publish_stats(engine: EngineParts, process: str, data: bytes, ttl: float) -> None:
     """Publish ``process``'s statistics for ``ttl`` seconds."""
     engine.client.set(engine.keys.stats(process), data, px=max(1, int(ttl * 1000)))
 
 
-def read_stats(engine: RedisEngine) -> dict[str, bytes]:
+def read_stats(engine: EngineParts) -> dict[str, bytes]:
     """Every process's published statistics, by process."""
     keys = list(_scan(engine, engine.keys.stats_pattern()))
     if not keys:

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from ylock.engines.base import Abandon, AcquireRequest, Steps
 from ylock.engines.redis.keys import Keys
+from ylock.engines.redis.parts import EngineParts
 from ylock.engines.redis.scripts import ACQUIRE, RELEASE, TryFlags, release_args
 from ylock.errors import EngineUnavailable
-
-if TYPE_CHECKING:
-    from ylock.engines.redis.engine import RedisEngine
 
 __all__ = ["Acquire", "Pop", "Release", "Sleep", "acquire_steps"]
 
@@ -52,7 +50,7 @@ class Sleep(NamedTuple):
     seconds: float
 
 
-def acquire_steps(engine: RedisEngine, r: AcquireRequest, key: str, args: list[Any], reply: Any) -> Steps:
+def acquire_steps(engine: EngineParts, r: AcquireRequest, key: str, args: list[Any], reply: Any) -> Steps:
     """The rest of an acquisition, after the first reply (None: not tried yet): queueing,
     waiting for a grant or a poll, trying again until the deadline. Every operation gets
     what is left of the call's budget, the deadline plus one socket timeout, so that the
@@ -137,7 +135,7 @@ def acquire_steps(engine: RedisEngine, r: AcquireRequest, key: str, args: list[A
         raise
 
 
-def confirm_steps(engine: RedisEngine, r: AcquireRequest, key: str, acked: int) -> Steps:
+def confirm_steps(engine: EngineParts, r: AcquireRequest, key: str, acked: int) -> Steps:
     """With ``wait_replicas``: release and raise if too few replicas acknowledged."""
     if acked < engine.wait_replicas:
         with contextlib.suppress(EngineUnavailable):
