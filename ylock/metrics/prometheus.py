@@ -173,10 +173,9 @@ class PrometheusExporter(Deferred):
             # A shipper's counts restart from 0 in a forked child: count from there.
             if dropped < last_dropped or failed < last_failed:
                 last_dropped = last_failed = 0
-            if dropped > last_dropped:
-                self.dropped.labels(shipper.kind).inc(dropped - last_dropped)
-            if failed > last_failed:
-                self.failed.labels(shipper.kind).inc(failed - last_failed)
+            # labels() even for no change: a live exporter shows its zeros, as a scrape should.
+            self.dropped.labels(shipper.kind).inc(max(dropped - last_dropped, 0))
+            self.failed.labels(shipper.kind).inc(max(failed - last_failed, 0))
             self._shipped[shipper] = (dropped, failed)
             queued[shipper.kind] = queued.get(shipper.kind, 0) + stats["queued"]
         for kind, value in queued.items():
