@@ -33,7 +33,9 @@ For gunicorn, :func:`child_exit` (and :func:`on_starting`) are ready-made server
 """
 from __future__ import annotations
 
+import bisect
 import glob
+import math
 import os
 import time
 import weakref
@@ -121,7 +123,9 @@ class PrometheusExporter(Deferred):
         # livesum: the deployment's queue is what live processes hold (child_exit forgets the dead).
         self.queued = Gauge(f"{ns}_exporter_queued", "Events waiting in the exporter buffer", ["exporter"],
                             registry=self.registry, multiprocess_mode="livesum")
-        self._children: dict[tuple[Any, ...], tuple[Any, Any, Any, Any]] = {}   # event[:5] -> metric children
+        # event[:5] -> [events counter child, label values, wait, hold, release histogram children or None]
+        self._children: dict[tuple[Any, ...], list[Any]] = {}
+        self._batchable: dict[Any, bool] = {}   # histogram child -> bucket values updatable per batch
         self._shipped: weakref.WeakKeyDictionary[Shipper, tuple[int, int]] = weakref.WeakKeyDictionary()
         self._shippers_at = 0.0
         self._multiprocess_registry: Any = None
@@ -136,24 +140,61 @@ class PrometheusExporter(Deferred):
     def apply(self, events: list[Event]) -> None:
         children, labels_of = self._children, self.tagging.labels
         counts: dict[Any, int] = {}
+        observed: dict[Any, list[float]] = {}
         for event in events:
             raw = event[:5]                  # kind, group, name, engine, mode
             row = children.get(raw)
             if row is None:
                 labels = labels_of(event)
-                row = children[raw] = (self.events.labels(*labels), self.spans["wait"].labels(*labels),
-                                       self.spans["hold"].labels(*labels[:4]),
-                                       self.spans["release"].labels(*labels[:4]))
+                row = children[raw] = [self.events.labels(*labels), labels, None, None, None]
             counts[row[0]] = counts.get(row[0], 0) + 1
-            if event.wait is not None:
-                row[1].observe(event.wait)
-            if event.hold is not None:
-                row[2].observe(event.hold)
-            if event.release is not None:
-                row[3].observe(event.release)
+            # A histogram child only for the spans this kind of event has: no empty series.
+            for slot, span, value in ((2, "wait", event.wait), (3, "hold", event.hold),
+                                      (4, "release", event.release)):
+                if value is not None:
+                    child = row[slot]
+                    if child is None:
+                        labels = row[1]
+                        child = row[slot] = self.spans[span].labels(*(labels if span == "wait" else labels[:4]))
+                    values = observed.get(child)
+                    if values is None:
+                        values = observed[child] = []
+                    values.append(value)
         for counter, count in counts.items():   # one locked update per label set and batch
             counter.inc(count)
+        for child, values in observed.items():
+            self._observe(child, values)
         self._copy_shipper_counts()
+
+    def _observe(self, child: Any, values: list[float]) -> None:
+        """Observe ``values`` into a histogram child: one update per bucket the batch touched.
+
+        ``Histogram.observe`` takes a lock and updates two values per call (in multiprocess
+        mode: two writes to the memory-mapped file), which made a batch 4-6 times dearer
+        than the dicts this exporter used to keep. So when the child has the bucket and sum
+        values ``prometheus_client`` has always kept (checked once per child, for exactly
+        our bounds), each touched bucket and the sum are incremented once per batch;
+        otherwise every value goes through ``observe()``.
+        """
+        fast = self._batchable.get(child)
+        if fast is None:
+            bucket_values, total_value = getattr(child, "_buckets", None), getattr(child, "_sum", None)
+            fast = self._batchable[child] = (
+                isinstance(bucket_values, list) and len(bucket_values) == len(self.buckets) + 1
+                and list(getattr(child, "_upper_bounds", ())) == [*self.buckets, float("inf")]
+                and all(hasattr(v, "inc") for v in bucket_values) and hasattr(total_value, "inc"))
+        if not fast:
+            for value in values:
+                child.observe(value)
+            return
+        buckets = self.buckets
+        hits = [0] * (len(buckets) + 1)
+        for value in values:
+            hits[bisect.bisect_left(buckets, value)] += 1   # the first bound >= value: observe()'s bucket
+        child._sum.inc(math.fsum(values))
+        for index, count in enumerate(hits):
+            if count:
+                child._buckets[index].inc(count)
 
     def tick(self) -> None:
         super().tick()
