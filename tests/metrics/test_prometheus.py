@@ -24,10 +24,12 @@ from ylock.metrics import prometheus
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: A worker: takes the lock ``count`` times, then exits at once (well inside the pump's period).
+#: A worker: takes the lock ``count`` times, then exits. Its pump thread never runs (as if the
+#: worker were recycled right after its last request): only the drain at exit writes its events.
 WORKER = """
 import sys
-import ylock, ylock.metrics
+import ylock, ylock.metrics, ylock.metrics.deferred
+ylock.metrics.deferred._pump = object()
 ylock.metrics.configure({"PROMETHEUS": True, "EXPORTERS": ["tests.metrics.test_exporters.record"]})
 engine = ylock.engine_from_url("local://")
 group, count = sys.argv[1], int(sys.argv[2])
