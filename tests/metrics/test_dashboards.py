@@ -143,7 +143,9 @@ def test_every_promql_query_returns_series_from_a_real_export(victoria_metrics: 
     query = variable["query"]["query"].replace("${namespace}", NAMESPACE)
     match = re.fullmatch(r"label_values\((\w+), (\w+)\)", query)
     assert match, query
-    values = json.loads(victoria_metrics.get(f"/api/v1/label/{match[2]}/values", {"match[]": match[1]}))
+    victoria_metrics.force_flush()      # imported rows are searchable once flushed
+    values = json.loads(victoria_metrics.get(f"/api/v1/label/{match[2]}/values",
+                                             {"match[]": match[1], "start": str(now // 1000 - 3600)}))
     assert group in values["data"]
 
     targets = [t for p in dashboard["panels"] for t in p["targets"]]
