@@ -29,7 +29,8 @@ Metrics live in their own ``CollectorRegistry`` by default (:attr:`PrometheusExp
 pass ``prometheus_client.REGISTRY`` to add them to an existing endpoint instead. In
 multiprocess mode serve that endpoint with a ``MultiProcessCollector`` as
 ``prometheus_client`` documents; ylock's values are in the files like any other metric.
-For gunicorn, :func:`child_exit` (and :func:`on_starting`) are ready-made server hooks.
+For gunicorn, :func:`child_exit` (and :func:`on_starting`) are ready-made server hooks
+(sync and gthread workers; gevent's need hooks that import nothing of ylock: docs/metrics.md).
 """
 from __future__ import annotations
 
@@ -93,6 +94,13 @@ class PrometheusExporter(Deferred):
                  buckets: Sequence[float] = BUCKETS) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+        # Set before super().__init__() makes the pump see this exporter (its tick() reads them).
+        # event[:5] -> [events counter child, label values, wait, hold, release histogram children or None]
+        self._children: dict[tuple[Any, ...], list[Any]] = {}
+        self._batchable: dict[Any, bool] = {}   # histogram child -> bucket values updatable per batch
+        self._shipped: weakref.WeakKeyDictionary[Shipper, tuple[int, int]] = weakref.WeakKeyDictionary()
+        self._shippers_at = time.monotonic()    # the pump's first copy in a second; a scrape's at once
+        self._multiprocess_registry: Any = None
         super().__init__()
         bounds = sorted(float(b) for b in buckets)
         if not bounds or any(b != b for b in bounds):
@@ -123,12 +131,6 @@ class PrometheusExporter(Deferred):
         # livesum: the deployment's queue is what live processes hold (child_exit forgets the dead).
         self.queued = Gauge(f"{ns}_exporter_queued", "Events waiting in the exporter buffer", ["exporter"],
                             registry=self.registry, multiprocess_mode="livesum")
-        # event[:5] -> [events counter child, label values, wait, hold, release histogram children or None]
-        self._children: dict[tuple[Any, ...], list[Any]] = {}
-        self._batchable: dict[Any, bool] = {}   # histogram child -> bucket values updatable per batch
-        self._shipped: weakref.WeakKeyDictionary[Shipper, tuple[int, int]] = weakref.WeakKeyDictionary()
-        self._shippers_at = 0.0
-        self._multiprocess_registry: Any = None
 
     def _after_fork(self) -> None:
         super()._after_fork()
@@ -294,7 +296,9 @@ def child_exit(server: Any, worker: Any) -> None:
     """Forget a dead worker's live gauges (gunicorn's ``child_exit`` hook; counters and
     histograms of the dead worker stay counted).
 
-    In ``gunicorn.conf.py``: ``from ylock.metrics.prometheus import child_exit``.
+    In ``gunicorn.conf.py`` of sync or gthread workers: ``from ylock.metrics.prometheus
+    import child_exit``. Not with gevent or eventlet workers: the master would import ylock
+    before they monkey-patch ``threading`` (docs/metrics.md has a hook without ylock).
     """
     path = os.environ.get(MULTIPROC_ENV)
     if path:
