@@ -696,7 +696,7 @@ def install(app: Any) -> None:
         if app in _installed:
             return
         from celery import bootsteps
-        from celery.signals import task_revoked
+        from celery.signals import task_revoked, worker_process_shutdown
 
         class YLockCheck(bootsteps.Step):  # type: ignore[misc]
             """Stop the worker at startup when the ylock settings contradict each other.
@@ -709,4 +709,14 @@ def install(app: Any) -> None:
 
         app.steps["worker"].add(YLockCheck)
         task_revoked.connect(on_task_revoked, weak=False, dispatch_uid="celery_ylock.task_revoked")
+        # A prefork child leaves with os._exit (no atexit): write its pending metrics first,
+        # or a child recycled by --max-tasks-per-child loses its last events' counts.
+        worker_process_shutdown.connect(_drain_metrics, weak=False, dispatch_uid="celery_ylock.metrics")
         _installed.add(app)
+
+
+def _drain_metrics(**kwargs: Any) -> None:
+    """``worker_process_shutdown`` receiver: apply every pending metrics event of this process."""
+    from ylock.metrics.deferred import drain_all
+
+    drain_all()
