@@ -95,6 +95,10 @@ def test_the_wheel_installs_the_ylock_command_and_says_what_it_is(dist: Path) ->
         assert needed in classifiers, needed
     assert metadata["Requires-Python"] == ">=3.10"
     assert not [r for r in metadata.get_all("Requires-Dist") or [] if "extra ==" not in r]   # the core needs nothing
+    requires = metadata.get_all("Requires-Dist") or []
+    # the Flask quick start has an async view: ylock[flask] brings Flask's async extra (asgiref)
+    assert any(r.lower().startswith("flask[async]") and 'extra == "flask"' in r for r in requires), requires
+    assert any(r.startswith("mkdocstrings[python]") and 'extra == "docs"' in r for r in requires), requires
     assert "## 0.1.0" in metadata.get_payload()                     # the changelog follows the README on PyPI
     with tarfile.open(next(dist.glob("ylock-*.tar.gz"))) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
