@@ -14,7 +14,7 @@
 
     with django_ylock.semaphores("tenants")["tenant-7"].hold(timeout=5): ...
 
-See README.md for the YLOCK setting, the middleware and ``manage.py ylock``.
+See docs/django.md for the YLOCK setting, the middleware and ``manage.py ylock``.
 """
 from django_ylock.decorators import limited, locked
 from django_ylock.registry import InjectLock, InjectLocks, engine, inject, lock, locks, semaphore, semaphores
