@@ -11,7 +11,8 @@
   earlier block) is type-checked with ``mypy --strict`` after a prelude that defines what it
   continues, every README block is type-checked too, and the blocks that other tests run as
   files of a project (the quick starts, the testing guide) are listed in ``ELSEWHERE`` with
-  the test that runs them.
+  the test that runs them;
+- the shell blocks' ``ylock`` command lines name verbs and options the console script has.
 """
 from __future__ import annotations
 
@@ -328,3 +329,35 @@ def test_fragments_and_the_readme_type_check_strictly(tmp_path: Path) -> None:
             errors.append(line)
     assert checked_run.returncode == 0 and not errors, "\n".join(errors) or checked_run.stderr[-3000:]
     assert len(files) >= 10
+
+
+def _documented_ylock_commands() -> list[tuple[str, str, list[str]]]:
+    """Every ``ylock --url ... VERB [--option ...]`` line of the shell blocks: (page, verb,
+    options), the options before a ``--`` that starts the command ``ylock run`` runs."""
+    found = []
+    for path in PAGES:
+        for match in FENCE.finditer(path.read_text(encoding="utf-8")):
+            if match.group(1) not in ("sh", "bash", "console"):
+                continue
+            for line in match.group(2).splitlines():
+                command = re.match(r'^(?:\$ )?ylock --url "\$YLOCK_URL" (\w+)(.*)$', line)
+                if command:
+                    rest = command.group(2).split("#", 1)[0].split(" -- ", 1)[0]
+                    found.append((path.relative_to(ROOT).as_posix(), command.group(1), re.findall(r"--[a-z-]+", rest)))
+    return found
+
+
+def test_the_documented_command_lines_exist() -> None:
+    """The shell blocks' ``ylock`` command lines name verbs and options the console script has
+    (its ``--help``), so a reader pasting one gets no usage error."""
+    documented = _documented_ylock_commands()
+    assert {verb for _, verb, _ in documented} >= {"list", "inspect", "release", "stats", "run"}, documented
+    helps: dict[str, str] = {}
+    for page, verb, options in documented:
+        if verb not in helps:
+            shown = subprocess.run([sys.executable, "-m", "ylock.cli", verb, "--help"], env=_clean_env(),
+                                   capture_output=True, text=True, timeout=60)
+            assert shown.returncode == 0, f"{page}: ylock {verb}: {shown.stderr}"
+            helps[verb] = shown.stdout
+        for option in options:
+            assert re.search(rf"{option}\b", helps[verb]), f"{page}: ylock {verb} has no {option}"

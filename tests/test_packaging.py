@@ -142,6 +142,7 @@ def test_the_installed_drivers_are_within_the_pins() -> None:
         assert pins[driver].contains(version(driver)), f"{driver} {version(driver)} is outside {pins[driver]}"
 
 
+@pytest.mark.slow
 def test_the_wheel_installed_in_a_fresh_venv_runs_the_demo(dist: Path, tmp_path: Path) -> None:
     """What a user gets from ``pip install ylock[django]``: the wheel, installed into a new
     virtualenv, imports from there (not from this source tree) and runs the README's demo
