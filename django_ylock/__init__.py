@@ -20,7 +20,7 @@
 
     django_ylock.cache.get_or_set("report", build_report, timeout=300)   # single-flight (docs/caching.md)
 
-See README.md for the YLOCK setting, the middleware and ``manage.py ylock``.
+See docs/django.md for the YLOCK setting, the middleware and ``manage.py ylock``.
 """
 from django_ylock import cache
 from django_ylock.decorators import limited, locked
