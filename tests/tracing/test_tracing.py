@@ -2,10 +2,12 @@
 waiter's wait span linked to the hold span of the holder it waited for, across processes."""
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -129,12 +131,17 @@ def test_the_wait_links_to_the_holders_hold_span_in_another_process(spans, engin
         said, pid = holder.stdout.readline().split()   # type: ignore[union-attr]
         assert said == "held"
         lock = ylock.Lock(engine, group, "n")
-        waiter = Runner(lambda: (lock.lock(timeout=20), lock.unlock()))
+
+        def wait() -> dict:
+            with lock.write(timeout=20):      # handed over by the holder's release (fair or not)
+                return dict(engine.describe_lock(group, "n").context[ylock.current_owner()])
+
+        waiter = Runner(wait)
         waiter.start()
         wait_until(lambda: any(i.waiters for i in engine.describe(group)), what="the waiter queued")
         holder.stdin.write("\n")   # type: ignore[union-attr]
         holder.stdin.flush()   # type: ignore[union-attr]
-        waiter.outcome(20)
+        waiter_said = waiter.outcome(20)
         exported = json.loads(holder.stdout.readline())   # type: ignore[union-attr]
     finally:
         holder.wait(20)
@@ -154,6 +161,32 @@ def test_the_wait_links_to_the_holders_hold_span_in_another_process(spans, engin
     assert attributes["ylock.holder.pid"] == int(pid) and attributes["ylock.holder.host"]
     assert abs(attributes["ylock.holder.since"] - hold["start"] / 1e9) < 5
     assert "ylock.holder.traceparent" not in attributes
+    waiter_hold, = named(spans, "ylock hold")      # the waiter's own note names its hold span too
+    assert waiter_said["traceparent"].split("-")[1:3] == [f"{waiter_hold.context.trace_id:032x}",
+                                                          f"{waiter_hold.context.span_id:016x}"]
+
+
+def test_a_semaphore_wait_links_to_the_hold_span_of_the_permit_holder(spans, redis_engine, group) -> None:
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with ylock.context("holds the only permit"), ylock.Semaphore(redis_engine, group, "s", permits=1).hold(5):
+            holding.set()
+            release.wait(10)
+
+    holder = Runner(hold)
+    holder.start()
+    assert holding.wait(10)
+    waiter = Runner(lambda: ylock.Semaphore(redis_engine, group, "s", permits=1).try_acquire(0.2))
+    waiter.start()
+    assert waiter.outcome() is False
+    release.set()
+    holder.outcome()
+    hold_span, = named(spans, "ylock hold")
+    wait, = [s for s in named(spans, "ylock wait") if s.attributes["ylock.outcome"] == "timed_out"]
+    link, = wait.links
+    assert (link.context.trace_id, link.context.span_id) == (hold_span.context.trace_id, hold_span.context.span_id)
+    assert link.attributes["ylock.holder.what"] == "holds the only permit"
 
 
 def test_the_hold_stores_its_own_span_first_whatever_else_it_says(spans, local_engine, group) -> None:
@@ -167,6 +200,19 @@ def test_the_hold_stores_its_own_span_first_whatever_else_it_says(spans, local_e
     said = info.context[info.owners[0]]
     assert said["traceparent"] == f"00-{hold.context.trace_id:032x}-{hold.context.span_id:016x}-03"
     assert said["what"] == "x" * 190 and "still_more" not in said   # the note is bounded; the link kept
+
+
+def test_an_asyncio_hold_stores_its_own_span(spans, local_engine, group) -> None:
+    lock = ylock.Lock(local_engine, group, "n")
+
+    async def hold() -> dict:
+        async with lock.write():
+            info, = local_engine.describe(group)
+            return dict(info.context[info.owners[0]])
+
+    said = asyncio.run(hold())
+    hold_span, = named(spans, "ylock hold")
+    assert said["traceparent"].split("-")[2] == f"{hold_span.context.span_id:016x}"
 
 
 def test_no_tracing_no_spans_and_no_extra_round_trip(redis_engine, group) -> None:
