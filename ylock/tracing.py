@@ -83,7 +83,7 @@ class Tracing:
         """``provider``: the tracer provider given to :func:`enable`; None: the global one,
         looked up on each acquisition (it may be set after ``enable()``)."""
         from opentelemetry import trace
-        from opentelemetry.propagators.textmap import DefaultGetter, DefaultSetter
+        from opentelemetry.propagators.textmap import DefaultGetter
         from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Status, StatusCode
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -101,7 +101,6 @@ class Tracing:
         self._unset_global = None if "OTEL_PYTHON_TRACER_PROVIDER" in os.environ else "_TRACER_PROVIDER"
         self._propagator = TraceContextTextMapPropagator()
         self._getter: Any = DefaultGetter()
-        self._setter: Any = DefaultSetter()
 
     def on(self) -> bool:
         """Whether spans would go anywhere: a tracer provider is configured (the global one
@@ -115,8 +114,8 @@ class Tracing:
     # -- the trace context stored with a hold ------------------------------------------------
 
     def _hold_ids(self) -> HoldIds | None:
-        """The id generator of the tracer that starts hold spans, made a :class:`HoldIds` on
-        first use (None: not the SDK's tracer, whose ids cannot be chosen)."""
+        """Return the id generator of the tracer that starts hold spans, made a
+        :class:`HoldIds` on first use (None: not the SDK's tracer, whose ids cannot be chosen)."""
         tracer = self.tracer
         if isinstance(tracer, self._trace.ProxyTracer):
             # enable() before the application set its provider: the proxy's tracer is the
@@ -134,8 +133,8 @@ class Tracing:
         return ids
 
     def _link(self, owner: str, said: Mapping[str, Any]) -> Any:
-        """A link to the hold span named by a holder's ``traceparent``, with what the holder
-        said about itself as attributes (None: no ``traceparent``, or not a valid one)."""
+        """Return a link to the hold span named by a holder's ``traceparent``, with what the
+        holder said about itself as attributes (None: no ``traceparent``, or not a valid one)."""
         parent = said.get("traceparent")
         if not isinstance(parent, str):
             return None
@@ -190,8 +189,8 @@ class Tracing:
                                "traceparent": f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"}
 
     def waiting(self, acquisition: events.Acquisition) -> None:
-        """Start the wait span, linked to the spans of the holders waited for (their hold
-        context's ``traceparent``): read once, after the first try failed."""
+        """Start the wait span, linked to the hold spans of the holders waited for (the
+        ``traceparent`` in their holder notes): read once, after the first try failed."""
         target = acquisition.target
         acquisition.notes[self] = self._wait_span(target, acquisition.mode, self._holders(target),
                                                   acquisition.started_ns)

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -213,6 +214,29 @@ def test_an_asyncio_hold_stores_its_own_span(spans, local_engine, group) -> None
     said = asyncio.run(hold())
     hold_span, = named(spans, "ylock hold")
     assert said["traceparent"].split("-")[2] == f"{hold_span.context.span_id:016x}"
+
+
+class NotTheSDK(trace.TracerProvider):
+    """An OpenTelemetry implementation other than the SDK's: its tracer has no id generator."""
+
+    def get_tracer(self, *args: object, **kwargs: object) -> trace.Tracer:
+        return trace.NoOpTracer()
+
+
+def test_a_tracer_that_cannot_be_given_ids_stores_no_traceparent(local_engine, group) -> None:
+    """Holds are traced, their notes name no span (a link to a span that never exists would
+    mislead), and the waits, unlinked, go on as ever."""
+    ylock.tracing.enable(NotTheSDK())
+    try:
+        lock = ylock.Lock(local_engine, group, "n")
+        with ylock.context("job"), lock.write():
+            info, = local_engine.describe(group)
+            waiter = Runner(lambda: ylock.Lock(local_engine, group, "n").try_lock(0.05))
+            waiter.start()
+            assert waiter.outcome() is False
+        assert dict(info.context[info.owners[0]]).keys() == {"what", "host", "pid", "since"}
+    finally:
+        ylock.tracing.disable()
 
 
 def test_no_tracing_no_spans_and_no_extra_round_trip(redis_engine, group) -> None:
