@@ -36,7 +36,7 @@ class Conn:
     __slots__ = ("pg", "pid", "proxied", "busy", "pending", "reused", "answered", "broken", "cut", "hold", "key",
                  "modes", "token", "listening", "channel", "queue_key")
 
-    def __init__(self, pg: Any, pid: int, proxied: bool) -> None:
+    def __init__(self, pg: Any, pid: int, proxied: bool | None) -> None:
         self.pg = pg
         self.pid = pid
         self.proxied = proxied
@@ -58,6 +58,21 @@ class Conn:
         self.broken = True
         with contextlib.suppress(Exception):
             self.pg.finish()
+
+    def retire(self) -> None:
+        """Close a healthy session-scope connection that may go through a pooler in session
+        mode, which would hand its server session to its next client with what ylock left on
+        it (settings, prepared statements, a lock: PgBouncer's ``server_reset_query`` cleans
+        it, unless it is turned off). Say ``DISCARD ALL`` first, without waiting for the
+        answer: either it runs before the pooler sees us go, or the pooler closes a server
+        session still busy with it; clean both ways."""
+        if self.proxied is not False and not self.broken and self.pending is None:
+            with contextlib.suppress(Exception):
+                self.pg.send_query(b"DISCARD ALL")
+                for _ in range(100):               # a few bytes on a socket that is writable
+                    if not self.pg.flush():
+                        break
+        self.close()
 
 
 def keepalive_timing(keepalive: float) -> tuple[int, int]:
@@ -110,14 +125,19 @@ def session_settings(keepalive: float, local: bool = False) -> str:
     return "".join(f"set_config('{k}', '{v}', {'true' if local else 'false'}), " for k, v in settings.items())
 
 
-def proxied(pg: Any, server_port: bytes | None, client_port: bytes | None) -> bool:
-    """Return whether the server sees other ports than ours: a proxy in between (what it
-    means is :mod:`~ylock.engines.postgres.poolers`' to judge)."""
-    if server_port is None or client_port is None:
-        return False                               # a unix socket
+def proxied(pg: Any, server_port: bytes | None, client_port: bytes | None) -> bool | None:
+    """Return whether something stands between us and the server (what it means is
+    :mod:`~ylock.engines.postgres.poolers`' to judge): True if the server sees other ends
+    than ours (other TCP ports, or a unix socket where we have TCP), False for a direct TCP
+    connection, None when it cannot tell (unix sockets at both ends)."""
     try:
         with socket.socket(fileno=os.dup(pg.socket)) as sock:
+            family = sock.family
+            if family == socket.AF_UNIX:
+                return None if server_port is None else True
             local, remote = sock.getsockname(), sock.getpeername()
     except OSError:
-        return False
+        return None
+    if server_port is None or client_port is None:
+        return True                                # we speak TCP, the server sees a unix socket
     return int(server_port) != int(remote[1]) or int(client_port) != int(local[1])

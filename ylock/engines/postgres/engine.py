@@ -28,10 +28,10 @@ from ylock.engines.postgres.executor import Executor
 from ylock.engines.postgres.inspection import adopt_steps, lock_infos
 from ylock.engines.postgres.ops import Query, Stmt
 from ylock.engines.postgres.pool import Pool
-from ylock.engines.postgres.poolers import detect_steps, verdict
+from ylock.engines.postgres.poolers import detect_io, pooler_error, verdict
 from ylock.engines.postgres.sql import Statements, advisory_key, channel, halves
 from ylock.engines.postgres.steps import HoldSteps, kind_of
-from ylock.engines.postgres.wire import Broken, NoAnswer, ServerError
+from ylock.engines.postgres.wire import Broken, NoAnswer, ServerError, drive
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError, LockTimeout
 from ylock.holds import HOLDS
 
@@ -70,8 +70,10 @@ class PostgresEngine(Engine):
 
     def _reset_state(self) -> None:
         """Start with no connections (a new engine, or a forked child's copy)."""
-        self._pool = Pool(self.max_connections, self.idle_connections, self.connect_timeout, self.url_for_display)
-        self._executor = Executor(self.sql, self.conninfo, session_settings(self.keepalive), self.url_for_display)
+        self._pool = Pool(self.max_connections, self.idle_connections, self.connect_timeout, self.url_for_display,
+                          session=self.scope == "session")
+        self._executor = Executor(self.sql, self.conninfo, session_settings(self.keepalive), self.url_for_display,
+                                  check_pooler=self.pooler == "check")
         self._steps = HoldSteps(self._pool, prefix=self.prefix, scope=self.scope, socket_timeout=self.socket_timeout,
                                 app_name=self.app_name, local_settings=session_settings(self.keepalive, local=True),
                                 where=self.url_for_display)
@@ -109,6 +111,9 @@ class PostgresEngine(Engine):
             return EngineUnavailable(f"PostgreSQL at {where} is unavailable: {exc}", group=group, name=name)
         if isinstance(exc, ServerError):
             state = exc.sqlstate
+            collided = pooler_error(exc, where) if self.scope == "session" else None
+            if collided is not None:
+                return collided
             if state == "55P03":
                 return LockTimeout(f"lock_timeout: {exc.message}", group=group, name=name)
             if state[:2] in ("08", "28", "3D", "53") or state[:3] == "57P" or exc.fatal:
@@ -207,14 +212,18 @@ class PostgresEngine(Engine):
         """Look for a connection pooler between this engine and PostgreSQL that would break
         session locks; return what was found (a sentence for a warning), or None.
 
-        Connects (use it from deployment checks, not on every request). Two signs: the ports
-        that the server sees differ from ours (a proxy of some kind: a TCP proxy or a pooler
-        in session mode is harmless), and two client connections served by the same server
-        backend (a pooler in transaction or statement mode: certain, when the pooler is
-        quiet enough to hand the second the backend the first just used, as pgbouncer does).
-        See :mod:`~ylock.engines.postgres.poolers`."""
-        proxied, shared = self._run(detect_steps(self._pool, self.connect_timeout, self.socket_timeout))
-        return verdict(proxied, shared, self.scope, self.pooler, self.url_for_display())
+        Connects twice more, and a few times more behind a proxy (use it from deployment
+        checks, not on every request); sets nothing on the server. Proof of a pooler in
+        transaction or statement mode: one client session runs on several server backends;
+        of one that keeps sessions: a new client connection is handed the backend of one
+        just closed; a proxy that is neither (the server sees other ports than ours) is
+        reported as unknown. See :mod:`~ylock.engines.postgres.poolers`."""
+        end = time.monotonic() + 5 * self.connect_timeout + 4 * self.socket_timeout
+        try:
+            found = drive(detect_io(self.conninfo), end)
+        except Exception as exc:
+            raise self._translate(exc) from exc
+        return verdict(found, self.scope, self.pooler, self.url_for_display())
 
     # -- life cycle ---------------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from typing import Any
 from ylock import options as opt
 from ylock.engines.postgres.connection import Conn, proxied
 from ylock.engines.postgres.ops import Cancel, Claim, Notified, Open, Query, Sleep, Stmt, Wait
+from ylock.engines.postgres.poolers import IDENTITY, needs_probe, pooler_error, probe_io, refusal
 from ylock.engines.postgres.sql import PREPARED, WHO, Statements
 from ylock.engines.postgres.wire import (
     Broken,
@@ -34,11 +35,16 @@ class Executor:
     """Do the steps' operations for one engine: its statements (prepared in session scope),
     its connection string and session settings."""
 
-    def __init__(self, sql: Statements, conninfo: bytes, settings: str, where: Callable[[], str]) -> None:
+    def __init__(self, sql: Statements, conninfo: bytes, settings: str, where: Callable[[], str],
+                 check_pooler: bool = False) -> None:
         self.sql = sql
         self.conninfo = conninfo
         self.where = where
         self.prepared = sql.scope == "session"
+        # Session scope: look for a transaction pooler on the first connection, before it
+        # sets anything (see poolers); once one is found, refuse every connection.
+        self.check_pooler = check_pooler and self.prepared
+        self.refused = False
         self.texts = {name: make(sql).encode() for name, make in PREPARED.items()}
         self.who = (f"SELECT {settings if self.prepared else ''}{WHO}").encode()
         self.ready = False                     # the tables exist (checked on the first connection)
@@ -189,11 +195,28 @@ class Executor:
 
     def open_io(self) -> Any:
         """Connect and set the session up: its settings and prepared statements, in one
-        pipeline (one round trip); the tables first, on the engine's first connection.
+        pipeline (one round trip); the tables first, on the engine's first connection; and
+        before anything, on a session-scope engine's first connection that is not a direct
+        TCP one, look for a pooler in transaction mode (:mod:`~ylock.engines.postgres.poolers`).
         Return a :class:`Conn` ready for the pool."""
+        if self.refused:
+            raise refusal(self.where())
         pg = yield from connect_io(self.conninfo)
         pg.notice_handler = _ignore_notice
         try:
+            if self.check_pooler:
+                rows = yield from query_io(pg, [_send_params(IDENTITY, None)])
+                _, server_port, client_port, _ = rows[0][0]
+                if needs_probe(pg, server_port, client_port):
+                    other = yield from connect_io(self.conninfo)
+                    try:
+                        moved = yield from probe_io(pg, other)
+                    finally:
+                        other.finish()
+                    if moved:
+                        self.refused = True
+                        raise refusal(self.where())
+                self.check_pooler = False
             if not self.ready:
                 setup = self.sql.setup().encode()
                 for attempt in range(3):
@@ -207,7 +230,13 @@ class Executor:
             sends = [_send_params(self.who, None)]
             if self.prepared:
                 sends += [_send_prepare(f"ylock_{name}".encode(), self.texts[name]) for name in PREPARED]
-            results = yield from query_io(pg, sends)
+            try:
+                results = yield from query_io(pg, sends)
+            except ServerError as exc:
+                found = pooler_error(exc, self.where()) if self.prepared else None
+                if found is not None:
+                    raise found from exc
+                raise
             pid, server_port, client_port, version = results[0][0][-4:]
             if int(version or 0) < 140000:
                 raise ConfigurationError(f"PostgreSQL at {self.where()} is version {int(version or 0)}; "
