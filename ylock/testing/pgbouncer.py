@@ -50,10 +50,11 @@ class PgBouncer(ServerProcess):
 
     ``settings`` are extra ``[pgbouncer]`` settings over the defaults made for tests
     (``default_pool_size`` 20, ``server_reset_query`` as PgBouncer's default, ``DISCARD
-    ALL``, which it runs in session mode only)."""
+    ALL``, which it runs in session mode only). ``users``: roles of the server, besides its
+    superuser, that may log in through it."""
 
     def __init__(self, server: PostgresServer, pool_mode: str = "transaction", *, via: str = "socket",
-                 settings: dict[str, Any] | None = None) -> None:
+                 settings: dict[str, Any] | None = None, users: tuple[str, ...] = ()) -> None:
         if pool_mode not in ("session", "transaction", "statement"):
             raise ValueError(f"pool_mode must be session, transaction or statement, got {pool_mode!r}")
         if via not in ("socket", "tcp"):
@@ -62,6 +63,7 @@ class PgBouncer(ServerProcess):
         self.pool_mode = pool_mode
         self.via = via
         self.settings = dict(settings or {})
+        self.users = (server.user, *users)
         self.port = 0
         self.dir = Path(tempfile.mkdtemp(prefix="ylock-pgbouncer-"))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -73,7 +75,12 @@ class PgBouncer(ServerProcess):
     @property
     def url(self) -> str:
         """The test server's URL, with the pooler's port."""
-        return self.server.url.replace(f"127.0.0.1:{self.server.port}/", f"127.0.0.1:{self.port}/")
+        return self.url_for(self.server.user)
+
+    def url_for(self, user: str) -> str:
+        """The URL of the test server's database through the pooler, as ``user`` (one of
+        ``users``: trusted, no password)."""
+        return f"postgresql://{user}@127.0.0.1:{self.port}/{self.server.dbname}"
 
     def __repr__(self) -> str:
         return f"<PgBouncer {self.pool_mode} 127.0.0.1:{self.port} -> {self.server!r}>"
@@ -102,7 +109,7 @@ class PgBouncer(ServerProcess):
                                       {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []})
         for _ in range(attempts):
             self.port = free_port()
-            (self.dir / "users.txt").write_text(f'"{self.server.user}" ""\n')
+            (self.dir / "users.txt").write_text("".join(f'"{user}" ""\n' for user in self.users))
             (self.dir / "pgbouncer.ini").write_text(self._config())
             if user is not None:
                 for name in ("users.txt", "pgbouncer.ini"):
@@ -156,11 +163,13 @@ class PgBouncer(ServerProcess):
 
     def read_log(self) -> str:
         text = super().read_log()
+        if text.strip() and text != "(no log)":
+            return text
+        # Before it opens its log file (a bad configuration), it says why on stderr.
         try:
-            err = (self.dir / "stderr.log").read_text(errors="replace")[-self.log_tail:]
+            return (self.dir / "stderr.log").read_text(errors="replace")[-self.log_tail:]
         except OSError:
-            err = ""
-        return text + (f"\nstderr: {err}" if err.strip() else "")
+            return "(no log)"
 
     def stop(self) -> None:
         """Stop it (SIGKILL: its server connections close, so the backends end)."""

@@ -45,6 +45,10 @@ class Executor:
         # sets anything (see poolers); once one is found, refuse every connection.
         self.check_pooler = check_pooler and self.prepared
         self.refused = False
+        # Session scope behind a proxy (or ?pooler=session): a pooler in session mode may hand
+        # us a server session a killed client left behind, with its locks and prepared
+        # statements if the pooler's server_reset_query is off: drop them (it is ours now).
+        self.scrub = self.prepared and not check_pooler
         self.texts = {name: make(sql).encode() for name, make in PREPARED.items()}
         self.who = (f"SELECT {settings if self.prepared else ''}{WHO}").encode()
         self.ready = False                     # the tables exist (checked on the first connection)
@@ -216,6 +220,7 @@ class Executor:
                     if moved:
                         self.refused = True
                         raise refusal(self.where())
+                    self.scrub = True
                 self.check_pooler = False
             if not self.ready:
                 setup = self.sql.setup().encode()
@@ -227,7 +232,9 @@ class Executor:
                         if exc.sqlstate not in _DUPLICATE or attempt == 2:
                             raise
                 self.ready = True
-            sends = [_send_params(self.who, None)]
+            sends = [_send_params(text, None) for text in _SCRUB] if self.scrub else []
+            who = len(sends)
+            sends.append(_send_params(self.who, None))
             if self.prepared:
                 sends += [_send_prepare(f"ylock_{name}".encode(), self.texts[name]) for name in PREPARED]
             try:
@@ -237,7 +244,7 @@ class Executor:
                 if found is not None:
                     raise found from exc
                 raise
-            pid, server_port, client_port, version = results[0][0][-4:]
+            pid, server_port, client_port, version = results[who][0][-4:]
             if int(version or 0) < 140000:
                 raise ConfigurationError(f"PostgreSQL at {self.where()} is version {int(version or 0)}; "
                                          "ylock needs 14 or later", code=opt.E_ENGINE_URL)
@@ -245,6 +252,10 @@ class Executor:
         except BaseException:
             pg.finish()
             raise
+
+
+#: What a session-scope connection behind a proxy drops first (see Executor.scrub).
+_SCRUB = (b"SELECT pg_advisory_unlock_all()", b"DEALLOCATE ALL", b"UNLISTEN *")
 
 
 def _b(value: object) -> bytes:

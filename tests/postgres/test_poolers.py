@@ -1,0 +1,168 @@
+"""The PostgreSQL engine behind a real PgBouncer (Debian's), in transaction and session
+modes: the pooler check (W004, and the refusal of session scope at the first connection),
+transaction-scope locks across processes, session-scope locks through a session pooler,
+and what is left on the pooled server backends afterwards: nothing (no advisory lock, no
+prepared statement, every setting the role's own default, which differs from each one
+ylock gives its connections)."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+import ylock
+from tests.conftest import POOLED_ROLE
+from tests.helpers import Runner, wait_until, waiters
+from tests.postgres import workers
+from tests.postgres.conftest import STATE, STATE_NAMES, pooled_backends
+from tests.postgres.test_faults import run_counter, start_holder
+from ylock.testing.fencing import UnfencedCounter
+
+spawn = multiprocessing.get_context("spawn")
+
+
+@pytest.fixture
+def clean(postgres_server, pooled_role) -> dict[str, Any]:
+    """What a backend of the pooled role carries when nobody changed it (read directly)."""
+    url = postgres_server.url.replace(f"//{postgres_server.user}@", f"//{pooled_role}@")
+    with psycopg.connect(url, autocommit=False) as conn:
+        row = conn.execute(STATE).fetchone()
+    assert row is not None
+    state = dict(zip(STATE_NAMES, row[1:]))
+    assert state["statement_timeout"] == "17s" and state["idle_session_timeout"] == "1h"   # not ylock's
+    return state
+
+
+def assert_nothing_left(bouncer, observer, clean) -> None:
+    backends = pooled_backends(bouncer, POOLED_ROLE)
+    assert backends, "the pooler has no server connection to look at"
+    for pid, state in backends.items():
+        assert state == clean, f"backend {pid} was left with {state}"
+    rows = observer.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND pid = ANY(%s)",
+                            [list(backends)]).fetchall()
+    assert rows == []
+
+
+def test_the_pooler_check_finds_pgbouncer_in_transaction_mode_only(make_engine, pgbouncer_transaction,
+                                                                   pgbouncer_session, postgres_server, observer,
+                                                                   clean):
+    url = pgbouncer_transaction.url_for(POOLED_ROLE)
+    found = make_engine(url).detect_pooler()
+    assert found is not None and "transaction" in found and "PgBouncer" in found and "?scope=transaction" in found
+    assert make_engine(url + "?scope=transaction").detect_pooler() is None
+    assert make_engine(url + "?pooler=session").detect_pooler() is not None      # proof beats what it is told
+    assert make_engine(pgbouncer_session.url_for(POOLED_ROLE)).detect_pooler() is None   # it keeps sessions
+    assert make_engine(postgres_server.url).detect_pooler() is None
+    assert_nothing_left(pgbouncer_transaction, observer, clean)                 # the check sets nothing
+
+
+def test_session_scope_behind_a_transaction_pooler_refuses_before_locking_or_setting_anything(
+        make_engine, pgbouncer_transaction, observer, clean, group):
+    engine = make_engine(pgbouncer_transaction.url_for(POOLED_ROLE))
+    lock = ylock.Lock(engine, group, "n")
+    for _ in range(2):                          # the first connection, and every use after it
+        with pytest.raises(ylock.ConfigurationError) as caught:
+            lock.lock(timeout=1)
+        message = str(caught.value)
+        assert "PgBouncer" in message and "?scope=transaction" in message and "nothing was locked" in message
+        assert not lock.held()
+    with pytest.raises(ylock.ConfigurationError):
+        ylock.Semaphore(engine, group, "s", permits=2).acquire(timeout=1)
+    assert_nothing_left(pgbouncer_transaction, observer, clean)
+
+
+def test_transaction_scope_through_a_transaction_pooler_excludes_processes_and_leaves_nothing(
+        make_engine, pgbouncer_transaction, observer, clean, group, tmp_path):
+    url = pgbouncer_transaction.url_for(POOLED_ROLE) + "?scope=transaction"
+    path = str(tmp_path / "counter.json")
+    tokens = run_counter(url, group, path, 3, 20, use_lock=True)
+    counter = UnfencedCounter(path)
+    assert counter.increments == 60 and counter.lost == 0 and counter.value == 60
+    assert len(set(tokens)) == 60
+    control = str(tmp_path / "control.json")
+    run_counter(url, group, control, 3, 20, use_lock=False)
+    assert UnfencedCounter(control).lost > 0                # the counter catches a broken lock
+    # Acquisitions that time out give back what they may have been granted (a rollback).
+    holder, other = make_engine(url), make_engine(url)
+    with ylock.Lock(holder, group, "n"):
+        for _ in range(3):
+            assert not ylock.Lock(other, group, "n").try_lock(timeout=0.05)
+            assert not ylock.Lock(other, group, "n").try_rlock()
+    holder.close()
+    other.close()
+    assert_nothing_left(pgbouncer_transaction, observer, clean)
+
+
+def test_session_scope_through_a_session_pooler_works_and_leaves_nothing(
+        make_engine, pgbouncer_session_noreset, observer, clean, group, tmp_path):
+    bouncer = pgbouncer_session_noreset             # what is left is not cleaned by the pooler here
+    url = bouncer.url_for(POOLED_ROLE)
+    assert make_engine(url).detect_pooler() is None
+    path = str(tmp_path / "counter.json")
+    tokens = run_counter(url, group, path, 3, 20, use_lock=True)
+    counter = UnfencedCounter(path)
+    assert counter.increments == 60 and counter.lost == 0 and len(set(tokens)) == 60
+    engine = make_engine(url)
+    lock = ylock.Lock(engine, group, "n")
+    with lock.write(timeout=5):
+        assert observer.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone() != (0,)
+    engine.close()
+    assert_nothing_left(bouncer, observer, clean)
+    # A second engine after the first closed reuses its server sessions: no prepared statement
+    # of the first one collides (PgBouncer left them all in place before).
+    again = make_engine(url)
+    with ylock.Lock(again, group, "n").write(timeout=5):
+        pass
+    again.close()
+    assert_nothing_left(bouncer, observer, clean)
+
+
+@pytest.mark.parametrize("reset", ["default", "off"])
+def test_a_killed_holder_behind_a_session_pooler(request, make_engine, observer, clean, group, tmp_path, figure,
+                                                 reset):
+    """SIGKILL: the holder's client connection closes, PgBouncer gives its server session back
+    to the pool (it was idle: not closed). With the default reset (DISCARD ALL) the lock goes
+    at once; with the reset off, the lock stays on that server session until the next ylock
+    connection that gets it drops it, or its lease (idle_session_timeout) ends it."""
+    bouncer = request.getfixturevalue("pgbouncer_session" if reset == "default" else "pgbouncer_session_noreset")
+    url = bouncer.url_for(POOLED_ROLE)
+    proc, pipe, _ = start_holder(url, group, 30.0, str(tmp_path / "r.json"))
+    engine = make_engine(url)
+    if reset == "default":
+        def wait() -> float:
+            waiter = ylock.Lock(engine, group, "n")
+            waiter.lock(timeout=10)
+            got = time.monotonic()
+            waiter.unlock()
+            return got
+        runner = Runner(wait)
+        runner.start()
+        wait_until(lambda: len(waiters(engine, group, "n")) == 1, what="a queued waiter")
+        os.kill(proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        freed = runner.outcome() - killed
+        figure(f"holder SIGKILLed behind PgBouncer session mode (DISCARD ALL): lock free after "
+               f"{freed * 1000:.1f} ms")
+        assert freed < 0.5
+        engine.close()
+    else:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(5)
+        # The killed holder's server session, idle in the pool, still holds the lock...
+        wait_until(lambda: not any(r["state"] == "active" for r in bouncer.show("SERVERS")
+                                   if r["user"] == POOLED_ROLE), what="the holder's server session idle")
+        assert observer.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                                ).fetchone()[0] >= 1
+        # ...until a ylock connection gets that server session: it drops what it finds there.
+        lock = ylock.Lock(engine, group, "n")
+        assert lock.try_lock(timeout=5)
+        lock.unlock()
+        engine.close()
+    proc.join(5)
+    pipe.close()
+    assert_nothing_left(bouncer, observer, clean)
