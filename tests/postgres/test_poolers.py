@@ -6,7 +6,6 @@ prepared statement, every setting the role's own default, which differs from eac
 ylock gives its connections)."""
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import time
@@ -18,12 +17,9 @@ import pytest
 import ylock
 from tests.conftest import POOLED_ROLE
 from tests.helpers import Runner, wait_until, waiters
-from tests.postgres import workers
 from tests.postgres.conftest import STATE, STATE_NAMES, pooled_backends
 from tests.postgres.test_faults import run_counter, start_holder
 from ylock.testing.fencing import UnfencedCounter
-
-spawn = multiprocessing.get_context("spawn")
 
 
 @pytest.fixture
@@ -166,3 +162,62 @@ def test_a_killed_holder_behind_a_session_pooler(request, make_engine, observer,
     proc.join(5)
     pipe.close()
     assert_nothing_left(bouncer, observer, clean)
+
+
+DJANGO_SETTINGS = """
+SECRET_KEY = "tests-only"
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_ylock"]
+DATABASES = {{name: {{"ENGINE": "django.db.backends.postgresql", "NAME": "ylock", "USER": "{role}",
+                     "HOST": "127.0.0.1", "PORT": str(port), "OPTIONS": {{"sslmode": "disable"}}}}
+             for name, port in (("default", {direct}), ("txn", {txn}), ("sess", {sess}))}}
+YLOCK = {{"ENGINES": {{"direct": {{"URL": "django://default"}}, "txn": {{"URL": "django://txn"}},
+                      "txn_xact": {{"URL": "django://txn?scope=transaction"}}, "sess": {{"URL": "django://sess"}}}}}}
+"""
+
+DJANGO_RUN = """
+import json, sys
+import django
+django.setup()
+from django.core.checks import run_checks
+import django_ylock, ylock
+
+out = {"checks": sorted((m.id, m.msg) for m in run_checks(include_deployment_checks=True)
+                        if m.id.startswith("django_ylock"))}
+try:
+    ylock.Lock(django_ylock.engine("txn"), sys.argv[1], "a").lock(timeout=1)
+    out["txn"] = "locked"
+except ylock.ConfigurationError as exc:
+    out["txn"] = str(exc)
+for alias in ("txn_xact", "sess", "direct"):
+    with ylock.Lock(django_ylock.engine(alias), sys.argv[1], "a").write(timeout=5):
+        out[alias] = "locked"
+    django_ylock.engine(alias).close()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_the_django_database_engine_behind_pgbouncer(postgres_server, pgbouncer_transaction, pgbouncer_session,
+                                                     pooled_role, observer, clean, group, tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "bsettings.py").write_text(DJANGO_SETTINGS.format(
+        role=pooled_role, direct=postgres_server.port, txn=pgbouncer_transaction.port, sess=pgbouncer_session.port))
+    (tmp_path / "run.py").write_text(DJANGO_RUN)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bsettings",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    proc = subprocess.run([sys.executable, str(tmp_path / "run.py"), group], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=120)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    out = json.loads(lines[-1][len("RESULT "):])
+    [(code, message)] = out["checks"]             # W004 for the session-scope engine on the transaction pooler only
+    assert code == "django_ylock.W004" and message.startswith("YLOCK engine 'txn': a connection pooler in transaction")
+    assert "PgBouncer" in out["txn"] and "?scope=transaction" in out["txn"]
+    assert out["txn_xact"] == out["sess"] == out["direct"] == "locked"
+    assert_nothing_left(pgbouncer_transaction, observer, clean)
+    assert_nothing_left(pgbouncer_session, observer, clean)
