@@ -6,6 +6,7 @@ prepared statement, every setting the role's own default, which differs from eac
 ylock gives its connections)."""
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -69,6 +70,9 @@ def test_session_scope_behind_a_transaction_pooler_refuses_before_locking_or_set
         assert not lock.held()
     with pytest.raises(ylock.ConfigurationError):
         ylock.Semaphore(engine, group, "s", permits=2).acquire(timeout=1)
+    fresh = make_engine(pgbouncer_transaction.url_for(POOLED_ROLE))      # asyncio: the same first connection
+    with pytest.raises(ylock.ConfigurationError, match="scope=transaction"):
+        asyncio.run(ylock.Lock(fresh, group, "n").alock(timeout=1))
     assert_nothing_left(pgbouncer_transaction, observer, clean)
 
 
@@ -89,6 +93,12 @@ def test_transaction_scope_through_a_transaction_pooler_excludes_processes_and_l
         for _ in range(3):
             assert not ylock.Lock(other, group, "n").try_lock(timeout=0.05)
             assert not ylock.Lock(other, group, "n").try_rlock()
+    # A semaphore's queue key is a session lock even in transaction scope (taken and let go
+    # within the hold's transaction): a head that gives up lets it go on the same backend.
+    with ylock.Semaphore(holder, group, "s", permits=1):
+        for _ in range(3):
+            with pytest.raises(ylock.LockTimeout):
+                ylock.Semaphore(other, group, "s", permits=1).acquire(timeout=0.2)
     holder.close()
     other.close()
     assert_nothing_left(pgbouncer_transaction, observer, clean)
