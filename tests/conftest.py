@@ -179,3 +179,9 @@ def pgbouncer_session_noreset(postgres_server: PostgresServer, pooled_role: str)
     """PgBouncer in session mode with ``server_reset_query`` turned off: what a client leaves
     on its server session goes to the next client (so whatever ylock leaves shows)."""
     yield from _bouncer(postgres_server, "session", via="tcp", settings={"server_reset_query": ""})
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_statement(postgres_server: PostgresServer, pooled_role: str) -> Iterator[PgBouncer]:
+    """PgBouncer in statement mode: it refuses transactions."""
+    yield from _bouncer(postgres_server, "statement")

@@ -58,6 +58,16 @@ def test_the_pooler_check_finds_pgbouncer_in_transaction_mode_only(make_engine, 
     assert_nothing_left(pgbouncer_transaction, observer, clean)                 # the check sets nothing
 
 
+@pytest.mark.parametrize("scope", ["session", "transaction"])
+def test_a_statement_pooler_is_named_in_both_scopes(make_engine, pgbouncer_statement, group, scope):
+    url = f"{pgbouncer_statement.url_for(POOLED_ROLE)}?scope={scope}"
+    found = make_engine(url).detect_pooler()
+    assert found is not None and "statement mode" in found
+    with pytest.raises(ylock.ConfigurationError, match="pool_mode=statement") as caught:
+        ylock.Lock(make_engine(url), group, "n").lock(timeout=1)
+    assert f"lock {group}/n" in str(caught.value)
+
+
 def test_session_scope_behind_a_transaction_pooler_refuses_before_locking_or_setting_anything(
         make_engine, pgbouncer_transaction, observer, clean, group):
     engine = make_engine(pgbouncer_transaction.url_for(POOLED_ROLE))

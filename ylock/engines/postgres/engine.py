@@ -28,7 +28,7 @@ from ylock.engines.postgres.executor import Executor
 from ylock.engines.postgres.inspection import adopt_steps, lock_infos
 from ylock.engines.postgres.ops import Query, Stmt
 from ylock.engines.postgres.pool import Pool
-from ylock.engines.postgres.poolers import detect_io, pooler_error, verdict
+from ylock.engines.postgres.poolers import STATEMENT_MODE, detect_io, pooler_error, statement_mode, verdict
 from ylock.engines.postgres.sql import Statements, advisory_key, channel, halves
 from ylock.engines.postgres.steps import HoldSteps, kind_of
 from ylock.engines.postgres.wire import Broken, NoAnswer, ServerError, drive
@@ -107,11 +107,13 @@ class PostgresEngine(Engine):
         if isinstance(exc, NoAnswer):
             return EngineUnavailable(f"PostgreSQL at {where} did not answer within its timeout (socket_timeout "
                                      f"{self.socket_timeout:g} s); the connection was closed", group=group, name=name)
+        if isinstance(exc, Broken) and STATEMENT_MODE in str(exc):
+            return statement_mode(where, group, name)
         if isinstance(exc, (Broken, OSError, psycopg.Error)):
             return EngineUnavailable(f"PostgreSQL at {where} is unavailable: {exc}", group=group, name=name)
         if isinstance(exc, ServerError):
             state = exc.sqlstate
-            collided = pooler_error(exc, where) if self.scope == "session" else None
+            collided = pooler_error(exc, where, group, name) if self.scope == "session" else None
             if collided is not None:
                 return collided
             if state == "55P03":

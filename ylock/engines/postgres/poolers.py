@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 from ylock import options as opt
 from ylock.engines.postgres.connection import Conn, proxied
-from ylock.engines.postgres.wire import IO, ServerError, connect_io, query_io
+from ylock.engines.postgres.wire import IO, Broken, ServerError, connect_io, query_io
 from ylock.errors import ConfigurationError
 
 #: What a bare connection asks first: its backend, the ports seen from both ends, the version.
@@ -54,15 +54,21 @@ ROUNDS = 2
 COLLISIONS = ("42P05", "26000")
 
 
+#: How PgBouncer in statement mode answers a BEGIN (and closes the client connection).
+STATEMENT_MODE = "transaction blocks not allowed in statement pooling mode"
+
+
 class Found(NamedTuple):
     """What :func:`detect_io` found: whether a proxy stands in between (``proxied``), and
     whether it is a transaction pooler (``moved``: a client session is not a server
     session) or proved to keep sessions (``keeps``: it handed a new client connection the
-    backend of one just closed)."""
+    backend of one just closed), or a pooler in statement mode (``statement``: it refuses
+    transactions, which both scopes need)."""
 
     proxied: bool
     moved: bool
     keeps: bool
+    statement: bool = False
 
 
 def _pid(pg: Any, sql: bytes = b"SELECT pg_backend_pid()") -> IO[int]:
@@ -104,7 +110,12 @@ def detect_io(conninfo: bytes) -> IO[Found]:
         _, server_port, client_port, _ = rows[0][0]
         between = needs_probe(a, server_port, client_port)
         b = yield from connect_io(conninfo)
-        moved = yield from probe_io(a, b)
+        try:
+            moved = yield from probe_io(a, b)
+        except Broken as exc:
+            if STATEMENT_MODE not in str(exc):
+                raise
+            return Found(True, True, False, statement=True)
         keeps = False
         if between and not moved:
             # A pooler that keeps sessions hands a new client the backend of one that left.
@@ -128,7 +139,7 @@ def detect_io(conninfo: bytes) -> IO[Found]:
                     pg.finish()
 
 
-def refusal(where: str) -> ConfigurationError:
+def refusal(where: str, group: str | None = None, name: str | None = None) -> ConfigurationError:
     """Return the error of a session-scope engine behind a pooler in transaction mode."""
     return ConfigurationError(
         f"a connection pooler in transaction (or statement) mode, such as PgBouncer with pool_mode=transaction "
@@ -136,14 +147,24 @@ def refusal(where: str) -> ConfigurationError:
         "sessions, where session advisory locks and settings break; nothing was locked or set",
         code=opt.E_ENGINE_URL,
         hint="add ?scope=transaction to the engine's URL (transaction-scope locks work behind it), or connect "
-             "to PostgreSQL directly")
+             "to PostgreSQL directly", group=group, name=name)
 
 
-def pooler_error(exc: Exception, where: str) -> ConfigurationError | None:
+def statement_mode(where: str, group: str | None = None, name: str | None = None) -> ConfigurationError:
+    """Return the error of any engine behind PgBouncer in statement mode."""
+    return ConfigurationError(
+        f"a pooler in statement mode (PgBouncer with pool_mode=statement) serves the PostgreSQL engine at {where}: "
+        "it refuses transactions, which the engine needs in both scopes", code=opt.E_ENGINE_URL,
+        hint="point the engine at a pool in transaction mode with ?scope=transaction, at one in session mode, or "
+             "at PostgreSQL directly", group=group, name=name)
+
+
+def pooler_error(exc: Exception, where: str, group: str | None = None,
+                 name: str | None = None) -> ConfigurationError | None:
     """Return the pooler's :func:`refusal` if ``exc`` is a prepared statement that collided
     in session scope, else None."""
     if isinstance(exc, ServerError) and exc.sqlstate in COLLISIONS:
-        error = refusal(where)
+        error = refusal(where, group, name)
         error.__cause__ = exc
         return error
     return None
@@ -164,6 +185,10 @@ def check_session(conn: Conn, pid: int, where: Callable[[], str], group: str, na
 def verdict(found: Found, scope: str, pooler: str, where: str) -> str | None:
     """Return what :func:`detect_io` found means for an engine (a sentence for a
     warning), or None if its locks are safe there."""
+    if found.statement:
+        return (f"a pooler in statement mode (PgBouncer with pool_mode=statement) serves the PostgreSQL engine at "
+                f"{where}: it refuses transactions, which the engine needs in both scopes: use a pool in "
+                "transaction mode with ?scope=transaction, one in session mode, or connect to PostgreSQL directly")
     if scope == "transaction":
         return None
     if found.moved:                            # whatever ?pooler= says: this is proof
