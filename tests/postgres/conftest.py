@@ -80,13 +80,14 @@ def pooled_backends(bouncer: Any, role: str) -> dict[int, dict[str, Any]]:
     """What every server backend of ``bouncer``'s pool for ``role`` carries (pid -> STATE_NAMES):
     as many clients as it has server connections each open a transaction (which pins one
     backend to each, so together they see them all) and read it."""
-    def servers_of(state: str | None = None) -> set[int]:
+    def servers_of(busy: bool) -> set[int]:
         return {int(r["remote_pid"]) for r in bouncer.show("SERVERS")
-                if r["user"] == role and (state is None or r["state"] == state)}
-    # Clients that closed are gone from the pooler a moment later: wait until no server
-    # session is still linked to one (all closed: the test closed its engines).
-    wait_until(lambda: not servers_of("active"), what="every server session of the pool released")
-    servers = servers_of()
+                if r["user"] == role and (r["state"] != "idle") == busy}
+    # Clients that closed are gone from the pooler a moment later, and a server session it
+    # took back may be reset or checked first: wait until every one is idle (the test
+    # closed its engines), so that the pinning clients are handed exactly those.
+    wait_until(lambda: not servers_of(busy=True), what="every server session of the pool idle")
+    servers = servers_of(busy=False)
     seen: dict[int, dict[str, Any]] = {}
     clients: list[psycopg.Connection[Any]] = []
     try:
