@@ -77,6 +77,7 @@ def test_session_scope_behind_a_transaction_pooler_refuses_before_locking_or_set
             lock.lock(timeout=1)
         message = str(caught.value)
         assert "PgBouncer" in message and "?scope=transaction" in message and "nothing was locked" in message
+        assert message.endswith(f"(lock {group}/n)")
         assert not lock.held()
     with pytest.raises(ylock.ConfigurationError):
         ylock.Semaphore(engine, group, "s", permits=2).acquire(timeout=1)

@@ -102,6 +102,12 @@ class PostgresEngine(Engine):
     def _translate(self, exc: Exception, group: str | None = None, name: str | None = None) -> Exception:
         """Return the ylock error for a driver's or the server's error."""
         where = self.url_for_display()
+        if isinstance(exc, ConfigurationError) and exc.name is None and name is not None:
+            # Found while opening a connection (the pooler check, the server's version): the
+            # connection serves this lock, so the error names it too.
+            named = ConfigurationError(exc.problem, code=exc.code, hint=exc.hint, group=group, name=name)
+            named.__cause__ = exc.__cause__
+            return named
         if isinstance(exc, LockError):
             return exc
         if isinstance(exc, NoAnswer):

@@ -11,7 +11,7 @@ from typing import Any
 from ylock import options as opt
 from ylock.engines.postgres.connection import Conn, proxied
 from ylock.engines.postgres.ops import Cancel, Claim, Notified, Open, Query, Sleep, Stmt, Wait
-from ylock.engines.postgres.poolers import IDENTITY, needs_probe, pooler_error, probe_io, refusal
+from ylock.engines.postgres.poolers import IDENTITY, needs_probe, pooler_error, probe_io, refusal, statement_mode
 from ylock.engines.postgres.sql import PREPARED, WHO, Statements
 from ylock.engines.postgres.wire import (
     Broken,
@@ -41,9 +41,10 @@ class Executor:
         self.conninfo = conninfo
         self.where = where
         self.prepared = sql.scope == "session"
-        # Session scope: look for a transaction pooler on the first connection, before it
-        # sets anything (see poolers); once one is found, refuse every connection.
-        self.check_pooler = check_pooler and self.prepared
+        # Look for a pooler on the first connection, before it sets anything (see poolers):
+        # session scope refuses one in transaction mode (then every connection), both scopes
+        # one in statement mode.
+        self.check_pooler = check_pooler
         self.refused = False
         # Session scope behind a proxy (or ?pooler=session): a pooler in session mode may hand
         # us a server session a killed client left behind, with its locks and prepared
@@ -200,8 +201,8 @@ class Executor:
     def open_io(self) -> Any:
         """Connect and set the session up: its settings and prepared statements, in one
         pipeline (one round trip); the tables first, on the engine's first connection; and
-        before anything, on a session-scope engine's first connection that is not a direct
-        TCP one, look for a pooler in transaction mode (:mod:`~ylock.engines.postgres.poolers`).
+        before anything, on the engine's first connection if it is not a direct TCP one,
+        look for a pooler that breaks its locks (:mod:`~ylock.engines.postgres.poolers`).
         Return a :class:`Conn` ready for the pool."""
         if self.refused:
             raise refusal(self.where())
@@ -214,13 +215,15 @@ class Executor:
                 if needs_probe(pg, server_port, client_port):
                     other = yield from connect_io(self.conninfo)
                     try:
-                        moved = yield from probe_io(pg, other)
+                        kind = yield from probe_io(pg, other)
                     finally:
                         other.finish()
-                    if moved:
+                    if kind == "statement":
+                        raise statement_mode(self.where())
+                    if kind == "transaction" and self.prepared:
                         self.refused = True
                         raise refusal(self.where())
-                    self.scrub = True
+                    self.scrub = self.prepared
                 self.check_pooler = False
             if not self.ready:
                 setup = self.sql.setup().encode()

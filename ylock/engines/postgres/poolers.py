@@ -19,11 +19,16 @@ with ``max_prepared_statements`` keep protocol-level ones working across backend
 the probe prepares nothing, sets nothing and takes no lock: it leaves nothing on a pooled
 backend.
 
-**Where**: on a session-scope engine's first connection in a process, when the
-connection is not a plain direct TCP one (the server sees other ports than ours, or a unix
-socket at either end), before that connection sets anything, prepares anything or takes
-any lock (:meth:`~ylock.engines.postgres.executor.Executor.open_io`): a pooler found is a
-:class:`~ylock.ConfigurationError` (:func:`refusal`), then and at every later acquisition.
+PgBouncer in statement mode refuses the probe's ``BEGIN`` (and closes the connection
+after saying so): both scopes need transactions, so that is a
+:class:`~ylock.ConfigurationError` in both (:func:`statement_mode`).
+
+**Where**: on an engine's first connection in a process, when the connection is not a
+plain direct TCP one (the server sees other ports than ours, or a unix socket at either
+end), before that connection sets anything, prepares anything or takes any lock
+(:meth:`~ylock.engines.postgres.executor.Executor.open_io`): for a session-scope engine a
+transaction pooler found is a :class:`~ylock.ConfigurationError` (:func:`refusal`), then
+and at every later acquisition; a transaction-scope engine goes on.
 On demand, for deployment checks (Django's W004): :func:`detect_io`, which also tells a
 pooler that keeps sessions (a new client connection is handed the backend of one just
 closed) from a proxy of unknown kind. :func:`check_session` stays as the last guard on
@@ -82,22 +87,31 @@ def needs_probe(pg: Any, server_port: bytes | None, client_port: bytes | None) -
     return proxied(pg, server_port, client_port) is not False
 
 
-def probe_io(a: Any, b: Any) -> IO[bool]:
-    """Return whether the two connections ``a`` and ``b`` (set up with nothing) go
-    through a pooler in transaction or statement mode (see the module docstring)."""
+def probe_io(a: Any, b: Any) -> IO[str | None]:
+    """Return what kind of pooler the two connections ``a`` and ``b`` (set up with
+    nothing) go through: "transaction" (a pooler in transaction or statement mode, see the
+    module docstring), "statement" (one that refuses transactions: PgBouncer in statement
+    mode), or None (none, or one that keeps sessions)."""
     for _ in range(ROUNDS):
         first = yield from _pid(a)
-        rows = yield from query_io(b, [lambda pg: pg.send_query_params(b"BEGIN", None),
-                                       lambda pg: pg.send_query_params(b"SELECT pg_backend_pid()", None)])
-        pinned = int(rows[-1][0][0] or 0)
+        try:
+            # BEGIN alone, as a simple query: a pooler that refuses it closes the connection
+            # right after saying why, and nothing we sent is left unread (which would turn
+            # its closing into a reset that loses what it said).
+            yield from query_io(b, [lambda pg: pg.send_query(b"BEGIN")])
+        except Broken as exc:
+            if STATEMENT_MODE in str(exc):
+                return "statement"
+            raise
+        pinned = yield from _pid(b)
         try:
             if pinned == first:
-                return True                    # B was handed the backend A had just used
+                return "transaction"           # B was handed the backend A had just used
             if (yield from _pid(a)) != first:
-                return True                    # A's session moved while B held its backend
+                return "transaction"           # A's session moved while B held its backend
         finally:
             yield from query_io(b, [lambda pg: pg.send_query_params(b"ROLLBACK", None)])
-    return False
+    return None
 
 
 def detect_io(conninfo: bytes) -> IO[Found]:
@@ -110,12 +124,10 @@ def detect_io(conninfo: bytes) -> IO[Found]:
         _, server_port, client_port, _ = rows[0][0]
         between = needs_probe(a, server_port, client_port)
         b = yield from connect_io(conninfo)
-        try:
-            moved = yield from probe_io(a, b)
-        except Broken as exc:
-            if STATEMENT_MODE not in str(exc):
-                raise
+        kind = yield from probe_io(a, b)
+        if kind == "statement":
             return Found(True, True, False, statement=True)
+        moved = kind is not None
         keeps = False
         if between and not moved:
             # A pooler that keeps sessions hands a new client the backend of one that left.
