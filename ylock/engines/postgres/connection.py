@@ -7,6 +7,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -15,7 +16,7 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ylock import options as opt
-from ylock.engines.postgres.wire import Exchange
+from ylock.engines.postgres.wire import Exchange, drive, query_io
 from ylock.errors import ConfigurationError
 
 
@@ -59,19 +60,16 @@ class Conn:
         with contextlib.suppress(Exception):
             self.pg.finish()
 
-    def retire(self) -> None:
+    def retire(self, timeout: float = 1.0) -> None:
         """Close a healthy session-scope connection that may go through a pooler in session
         mode, which would hand its server session to its next client with what ylock left on
         it (settings, prepared statements, a lock: PgBouncer's ``server_reset_query`` cleans
-        it, unless it is turned off). Say ``DISCARD ALL`` first, without waiting for the
-        answer: either it runs before the pooler sees us go, or the pooler closes a server
-        session still busy with it; clean both ways."""
+        it, unless it is turned off). Say ``DISCARD ALL`` first and wait for the answer (at
+        most ``timeout`` seconds): a pooler that sees its client leave while the server
+        session is still busy closes that session, and the next client pays for a new one."""
         if self.proxied is not False and not self.broken and self.pending is None:
             with contextlib.suppress(Exception):
-                self.pg.send_query(b"DISCARD ALL")
-                for _ in range(100):               # a few bytes on a socket that is writable
-                    if not self.pg.flush():
-                        break
+                drive(query_io(self.pg, [lambda pg: pg.send_query(b"DISCARD ALL")]), time.monotonic() + timeout)
         self.close()
 
 
