@@ -5,6 +5,7 @@ shows, for every key kind (URL argument, callable, user), in sync and async view
 class-based views, under the per-user middleware and nested decorators, on real Redis."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,8 +21,15 @@ LOCKS = {"accounts": {"TIMEOUT": 1}, "profiles": {"TIMEOUT": 1}, "users": {"TIME
 
 
 @pytest.fixture
-def url(redis_server: Any, group: str) -> str:
-    return f"{redis_server.url}?prefix={group}"
+def url(redis_server: Any, group: str) -> Iterator[str]:
+    """This test's keys on the session's Redis; nothing may be left held afterwards."""
+    url = f"{redis_server.url}?prefix={group}"
+    yield url
+    engine = ylock.engine_from_url(url)
+    try:
+        assert [i for i in engine.describe() if i.owners] == []
+    finally:
+        engine.close()
 
 
 @pytest.fixture
