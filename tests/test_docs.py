@@ -10,7 +10,7 @@
   test session's redis-server), a block marked ``<!-- fragment -->`` (it continues an
   earlier block) is type-checked with ``mypy --strict`` after a prelude that defines what it
   continues, every README block is type-checked too, and the blocks that other tests run as
-  files of a project (the quick starts, the testing guide) are listed in ``ELSEWHERE`` with
+  files of a project (the quick starts, the testing guide, the Prometheus set-up) are listed in ``ELSEWHERE`` with
   the test that runs them;
 - the shell blocks' ``ylock`` command lines name verbs and options the console script has.
 """
@@ -47,6 +47,8 @@ ELSEWHERE: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
                                                              ('"flask.md"', '"def create_app"')),
     **{("docs/testing.md", f"# {name}"): ("tests/test_pytest_plugin.py", (f'"# {name}"', "docs/testing.md"))
        for name in ("views.py", "test_views.py", "app.py", "test_app.py", "tasks.py", "test_tasks.py")},
+    **{("docs/metrics.md", f"# {name}"): ("tests/deploy/test_prometheus.py", (f'"# {name}"', '"metrics.md"'))
+       for name in ("settings.py", "urls.py", "app.py", "gunicorn.conf.py")},
 }
 
 #: Blocks of pages this suite does not own the markup of, classified here instead of by a
@@ -75,6 +77,15 @@ INSTALLED_APPS: list[str] = []
 MIDDLEWARE: list[str] = []
 '''
 PRELUDES = {
+    "docs/fencing.md": '''\
+from __future__ import annotations
+from celery import Celery
+from flask_ylock import YLock
+from sqlalchemy.orm import DeclarativeBase
+app = Celery("tasks")
+class Base(DeclarativeBase): ...
+ylock_ext = YLock()
+''',
     "docs/flask.md": '''\
 from __future__ import annotations
 from flask import Blueprint, Flask
