@@ -167,13 +167,16 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
     assert built.returncode == 0, built.stdout[-5000:] + built.stderr[-5000:]
     # the API reference rendered the docstrings (the one source), and the changelog came in
     api = (site / "api" / "ylock" / "index.html").read_text(encoding="utf-8")
-    for text in ("try_lock", "Acquire the write lock", "LockTimeout", "all_of", "Ticket"):
+    for text in ("try_lock", "Acquire the write lock", "LockTimeout", "all_of", "Ticket", "guard", "FencedOut",
+                 "fenced_update", "get_or_set", "register_scheme", "child_exit"):
         assert text in api, text
     assert ":class:" not in api and "::</p>" not in api                 # reST read as Markdown
     engines = (site / "api" / "engines" / "index.html").read_text(encoding="utf-8")
     for name in ("RedisEngine", "ZooKeeperEngine", "PostgresEngine", "LocalEngine"):
         assert name in engines, name
-    for page, name in (("django", "locked"), ("flask", "YLock"), ("celery", "LockedTask")):
+    for page, name in (("django", "locked"), ("django", "FenceField"), ("django", "get_or_set"), ("flask", "YLock"),
+                       ("flask", "get_or_set"), ("celery", "LockedTask"), ("testing", "ylock_django"),
+                       ("testing", "LocalTestEngine")):
         assert name in (site / "api" / page / "index.html").read_text(encoding="utf-8"), (page, name)
     assert "0.1.0" in (site / "changelog" / "index.html").read_text(encoding="utf-8")
     assert (site / "bench" / "latest.png").read_bytes() == (ROOT / "bench" / "results" / "latest.png").read_bytes()
