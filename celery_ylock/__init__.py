@@ -18,7 +18,7 @@
 See docs/celery.md: the ``lock`` option, scopes, ``on_busy``, settings and startup checks.
 """
 from celery_ylock import signals
-from celery_ylock.conf import check_app
+from celery_ylock.checks import check_app
 from celery_ylock.task import LockedTask, LockSpec, TaskHold, TaskLocked, skipped
 
 __all__ = ["LockedTask", "LockSpec", "TaskHold", "TaskLocked", "skipped", "check_app", "signals"]

@@ -1,4 +1,5 @@
-"""A Celery app's engines and named locks, and the checks that stop a worker at startup.
+"""A Celery app's engines and named locks (the checks that stop a worker at startup are
+:mod:`celery_ylock.checks`).
 
 Where the settings come from (the first that is set wins):
 
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ylock import options as opt
 from ylock.errors import ConfigurationError
-from ylock.registry import TOP_KEYS, Registry
+from ylock.registry import TOP_KEYS, Registry, with_default_engine
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -100,18 +101,9 @@ def _build(app: Celery) -> State:
         raise opt.fail(where, f"must be a dict shaped like Django's YLOCK setting, got {raw!r}", opt.E_SHAPE)
     settings = dict(raw or {})
     engines = opt.mapping(settings.get("ENGINES"), f"{where}['ENGINES']")
-    if not engines:
-        if url is None:
-            raise ConfigurationError(
-                "celery_ylock has no engine: set app.conf.ylock_url (CELERY_YLOCK_URL with Django's namespace), "
-                "app.conf.ylock['ENGINES'] or $YLOCK_URL", code=opt.E_SHAPE,
-                hint="e.g. app.conf.ylock_url = 'redis://127.0.0.1:6379/0'")
-        engines = {"default": {"URL": url}}
-        if raw is None:
-            where = "app.conf.ylock_url" if conf.get("ylock_url") else "$YLOCK_URL"
-    elif url is not None and "default" not in engines:
-        engines = {"default": {"URL": url}, **engines}
-    settings["ENGINES"] = engines
+    if not engines and raw is None:
+        where = "app.conf.ylock_url" if conf.get("ylock_url") else "$YLOCK_URL"
+    settings["ENGINES"] = with_default_engine(engines, url, _no_engine)
     registry = Registry(settings, where=where)
     registry.validate(known=TOP_KEYS)
     if settings.get("METRICS") is not None:
@@ -119,6 +111,14 @@ def _build(app: Celery) -> State:
 
         ylock.metrics.configure(settings["METRICS"], setting=f"{where}['METRICS']")
     return State(where, registry)
+
+
+def _no_engine() -> str:
+    """Celery has no embedded default engine: say how to name one."""
+    raise ConfigurationError(
+        "celery_ylock has no engine: set app.conf.ylock_url (CELERY_YLOCK_URL with Django's namespace), "
+        "app.conf.ylock['ENGINES'] or $YLOCK_URL", code=opt.E_SHAPE,
+        hint="e.g. app.conf.ylock_url = 'redis://127.0.0.1:6379/0'")
 
 
 def _django_ylock_installed() -> bool:
@@ -154,67 +154,3 @@ def visibility_timeout(app: Celery) -> float | None:
     options = conf.get("broker_transport_options") or {}
     value = options.get("visibility_timeout", default)
     return float(opt.seconds(value, "app.conf.broker_transport_options['visibility_timeout']"))
-
-
-# -- checks ------------------------------------------------------------------------------------
-
-
-def problems(app: Celery) -> list[ConfigurationError]:
-    """Return every problem of ``app``'s ylock settings and locked tasks, without connecting."""
-    from celery_ylock.task import LockedTask
-
-    try:
-        st = state(app)
-    except ConfigurationError as exc:
-        return [exc]
-    found = []
-    for task in list(app.tasks.values()):
-        if isinstance(task, LockedTask) and type(task).ylock_spec is not None:
-            try:
-                type(task).ylock_spec.check(task, st.registry)   # type: ignore[union-attr]
-            except ConfigurationError as exc:
-                found.append(exc)
-    return found
-
-
-def check_app(app: Celery) -> None:
-    """Raise :class:`~ylock.ConfigurationError` listing every problem of ``app``'s ylock
-    settings and locked tasks (a worker runs it at startup)."""
-    found = problems(app)
-    if len(found) == 1:
-        raise found[0]
-    if found:
-        first = found[0]
-        raise ConfigurationError("celery_ylock: invalid settings:\n" + "\n".join(f"  {p}" for p in found),
-                                 code=first.code)
-
-
-_installed: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def install(app: Celery) -> None:
-    """Wire ylock into ``app`` (once): a worker bootstep that checks the settings at
-    startup, and the revoked-task receiver. Called when the first locked task is bound to
-    the app, so there is nothing to set up by hand."""
-    if app in _installed:
-        return
-    with _mutex:
-        if app in _installed:
-            return
-        from celery import bootsteps
-        from celery.signals import task_revoked
-
-        from celery_ylock.task import on_task_revoked
-
-        class YLockCheck(bootsteps.Step):  # type: ignore[misc]
-            """Stop the worker at startup when the ylock settings contradict each other.
-            (A ``worker_init`` receiver could not: Celery logs what its receivers raise.)"""
-
-            name = "celery_ylock.check"
-
-            def __init__(self, worker: Any, **kwargs: Any) -> None:
-                check_app(worker.app)
-
-        app.steps["worker"].add(YLockCheck)
-        task_revoked.connect(on_task_revoked, weak=False, dispatch_uid="celery_ylock.task_revoked")
-        _installed.add(app)

@@ -42,11 +42,13 @@ lock_detached = Signal(name="lock_detached", providing_args={"event"})
 #: A ticket's hold has a new owner (the run of an enqueue-scope task, or a revoked task's release).
 lock_adopted = Signal(name="lock_adopted", providing_args={"event"})
 
-BY_KIND = {
-    events.ACQUIRED: lock_acquired, events.RELEASED: lock_released, events.TIMED_OUT: lock_timed_out,
-    events.LOST: lock_lost, events.RENEWED: lock_renewed, events.WAITER_EVICTED: waiter_evicted,
-    events.DETACHED: lock_detached, events.ADOPTED: lock_adopted,
-}
+#: The engine's session was suspended (ZooKeeper): holds are at risk.
+engine_suspended = Signal(name="engine_suspended", providing_args={"event"})
+#: The engine's session came back (ZooKeeper): the holds it carries are safe again.
+engine_reconnected = Signal(name="engine_reconnected", providing_args={"event"})
+
+#: The signal of each relayed event kind (:data:`ylock.events.RELAYED`, the core's one list).
+BY_KIND = {kind: globals()[signal] for kind, signal in events.RELAYED.items()}
 
 
 def relay(event: events.Event) -> None:

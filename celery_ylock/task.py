@@ -9,7 +9,7 @@ with ``key`` it holds one lock of the ``name`` family per key: a format string o
 task's arguments as they are bound to its signature (``"{user_id}"``,
 ``"{order.id}-{day}"``), or a callable taking the task's arguments and returning the key
 (None: no lock for that call). Keys are escaped into valid lock names
-(:func:`ylock.web.key_name`), so any value is safe.
+(:func:`ylock.names.name_for`), so any value is safe.
 
 **When.** ``scope="run"`` takes the lock when a worker starts the task and releases it
 when the run ends (returns, raises, retries). ``scope="enqueue"`` takes it in
@@ -58,6 +58,7 @@ import re
 import string
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -67,16 +68,15 @@ from celery.result import EagerResult
 from celery.utils import uuid
 
 import ylock
-from celery_ylock import conf, signals
+from celery_ylock import checks, conf, signals
 from ylock import events
 from ylock import options as opt
 from ylock.engines.base import READ, WRITE, Engine, RenewItem
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError, LockLost, LockTimeout
 from ylock.lock import Lock, Ticket
-from ylock.names import check_name
+from ylock.names import check_name, name_for
 from ylock.owner import owner_scope, run_as
 from ylock.registry import Registry
-from ylock.web import key_name
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ class LockSpec:
                 return None
         else:
             value = self.key.format_map(self.arguments(args, kwargs))
-        return registry.locks(self.name)[key_name(value)]
+        return registry.locks(self.name)[name_for(value)]
 
     def wait_for(self, registry: Registry) -> float | None:
         """How long ``on_busy="wait"`` waits: ``timeout``, else the lock's TIMEOUT, else DEFAULT_WAIT."""
@@ -358,10 +358,7 @@ class TaskHold:
         _unwatch(self)
         try:
             with owner_scope(self.owner):
-                if self.mode == WRITE:
-                    self.lock.unlock()
-                else:
-                    self.lock.runlock()
+                self.lock.guard(self.mode).release()
         except LockLost as exc:
             logger.error("celery_ylock: %s", exc)
         except EngineUnavailable as exc:
@@ -418,11 +415,7 @@ def _give_back(engine: Engine, ticket: Ticket, why: str) -> bool:
     """Adopt ``ticket`` and release it at once; return whether there was anything to release."""
     try:
         with owner_scope():
-            lock = Lock.adopt(engine, ticket)
-            if ticket.mode == WRITE:
-                lock.unlock()
-            else:
-                lock.runlock()
+            Lock.adopt(engine, ticket).guard(ticket.mode).release()
         logger.info("celery_ylock: released %s/%s (%s)", ticket.group, ticket.name, why)
         return True
     except LockLost:
@@ -452,7 +445,7 @@ def _seconds_until(value: Any) -> float:
 
 
 def on_task_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
-    """``task_revoked`` receiver (connected by :func:`celery_ylock.conf.install`): a worker
+    """``task_revoked`` receiver (connected by :func:`install`): a worker
     drops an enqueue-scope task that never ran (revoked, expired): release the lock it was
     sent with. (A terminated task's run adopted the ticket already; nothing is released then.)"""
     spec: LockSpec | None = getattr(type(sender), "ylock_spec", None)
@@ -500,14 +493,19 @@ class LockedTask(Task):  # type: ignore[misc]
     ylock_spec: ClassVar[LockSpec | None] = None
     #: Set once this task's lock was checked against the settings in this process.
     _ylock_checked: ClassVar[bool] = False
+    #: A busy lock is an expected outcome, not a bug: Celery logs the exceptions named in
+    #: ``throws`` at INFO, without a traceback (on_bound adds it to a task's own ``throws``).
+    throws: ClassVar[tuple[type[BaseException], ...]] = (TaskLocked,)
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
         super().on_bound(app)
         cls.ylock_spec = LockSpec.parse(cls.lock, cls.name or cls.__qualname__, _parameters(cls))
         cls._ylock_checked = False
+        if TaskLocked not in cls.throws:
+            cls.throws = (*cls.throws, TaskLocked)
         if cls.ylock_spec is not None:
-            conf.install(app)
+            install(app)
 
     def _ylock_registry(self) -> Registry:
         """The app's registry, with this task's lock checked against it (once per process)."""
@@ -573,7 +571,7 @@ class LockedTask(Task):  # type: ignore[misc]
         wait = spec.wait_for(registry) if spec.on_busy == WAIT else 0.0
         started = time.monotonic()
         try:
-            got = target.try_lock(wait) if spec.mode == WRITE else target.try_rlock(wait)
+            got = target.guard(spec.mode).try_acquire(wait)
         except EngineUnavailable as exc:
             if spec.on_busy == RETRY:        # an outage is retried like a busy lock
                 raise self.retry(exc=exc, countdown=spec.countdown, max_retries=spec.max_retries) from exc
@@ -677,8 +675,48 @@ class LockedTask(Task):  # type: ignore[misc]
         # A fresh owner: the sender (perhaps a task holding this very lock) never re-enters.
         with owner_scope():
             started = time.monotonic()
-            if target.try_lock(wait) if spec.mode == WRITE else target.try_rlock(wait):
+            if target.guard(spec.mode).try_acquire(wait):
                 return target.detach()
             task_id = uuid()
             value = self._busy(spec, target, task_id, args, kwargs, time.monotonic() - started)
         return EagerResult(task_id, value, states.SUCCESS, name=self.name)
+
+
+_installed: weakref.WeakSet[Any] = weakref.WeakSet()
+_install_mutex = threading.Lock()
+
+
+def install(app: Any) -> None:
+    """Wire ylock into ``app`` (once): a worker bootstep that checks the settings at
+    startup (:mod:`celery_ylock.checks`), and the revoked-task receiver. Called when the
+    first locked task is bound to the app, so there is nothing to set up by hand."""
+    if app in _installed:
+        return
+    with _install_mutex:
+        if app in _installed:
+            return
+        from celery import bootsteps
+        from celery.signals import task_revoked, worker_process_shutdown
+
+        class YLockCheck(bootsteps.Step):  # type: ignore[misc]
+            """Stop the worker at startup when the ylock settings contradict each other.
+            (A ``worker_init`` receiver could not: Celery logs what its receivers raise.)"""
+
+            name = "celery_ylock.check"
+
+            def __init__(self, worker: Any, **kwargs: Any) -> None:
+                checks.check_app(worker.app)
+
+        app.steps["worker"].add(YLockCheck)
+        task_revoked.connect(on_task_revoked, weak=False, dispatch_uid="celery_ylock.task_revoked")
+        # A prefork child leaves with os._exit (no atexit): write its pending metrics first,
+        # or a child recycled by --max-tasks-per-child loses its last events' counts.
+        worker_process_shutdown.connect(_drain_metrics, weak=False, dispatch_uid="celery_ylock.metrics")
+        _installed.add(app)
+
+
+def _drain_metrics(**kwargs: Any) -> None:
+    """``worker_process_shutdown`` receiver: apply every pending metrics event of this process."""
+    from ylock.metrics.deferred import drain_all
+
+    drain_all()

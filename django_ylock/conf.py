@@ -21,7 +21,7 @@ from django_ylock.env import url_from_env
 from ylock import options as opt
 from ylock import web
 from ylock.errors import ConfigurationError
-from ylock.registry import TOP_KEYS, Registry
+from ylock.registry import TOP_KEYS, Registry, with_default_engine
 
 DEFAULT_FILE = "ylock-redis.db"
 #: Every key of the YLOCK setting: the core's and the web plugins' (see ylock.web.SETTINGS).
@@ -59,11 +59,7 @@ def _read() -> Config:
                                            hint='e.g. YLOCK = {"ENGINES": {"default": {"URL": "redis://..."}}}'))
         value = {}
     core = {k: v for k, v in value.items() if k not in web.SETTINGS}
-    engines, url = core.get("ENGINES"), url_from_env()
-    if not engines:
-        core["ENGINES"] = {"default": {"URL": url or default_url()}}
-    elif isinstance(engines, Mapping) and "default" not in engines and url:
-        core["ENGINES"] = {"default": {"URL": url}, **engines}
+    core["ENGINES"] = with_default_engine(core.get("ENGINES"), url_from_env(), default_url)
     registry = Registry(core)
     problems.extend(registry.problems(known=KNOWN_KEYS))
     if core.get("METRICS") is not None:

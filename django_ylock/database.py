@@ -32,6 +32,7 @@ from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
 from ylock import options as opt
+from ylock.engines import register_scheme
 from ylock.engines.base import split_url_options
 from ylock.engines.postgres import PostgresEngine
 from ylock.errors import ConfigurationError
@@ -103,3 +104,7 @@ class DjangoDatabaseEngine(PostgresEngine):
                      "transaction mode, where session advisory locks break: use "
                      f"django://{self.alias}?scope=transaction (or ?pooler=session if the pooler keeps sessions)")
         return found
+
+
+# Importing the engine is enough to serve its URLs (the app's ready() registers it too).
+register_scheme("django", DjangoDatabaseEngine, extra="postgres")

@@ -46,7 +46,7 @@ class PerUserLockMiddleware:
             return None
         built = self._built
         if built is None or built[0] is not config:     # built once per settings: one per mode
-            built = self._built = (config, {mode: RequestLock(view) for mode, view in settings.views().items()})
+            built = self._built = (config, {mode: RequestLock(spec) for mode, spec in settings.specs().items()})
         return built[1][settings.mode(request.method or "GET")]
 
     def __call__(self, request: HttpRequest) -> Any:

@@ -8,7 +8,8 @@ says what it is doing: the request's method and path (:func:`ylock.web.request_c
 
 The request is the owner: every lock taken for one request (by the middleware and by
 decorators) belongs to one owner id kept on the request, so they re-enter instead of
-deadlocking, whichever thread (WSGI, ASGI's thread pool) runs each part.
+deadlocking, whichever thread (WSGI, ASGI's thread pool) runs each part. While the view
+runs, :func:`current_lock` returns what the request holds (for its fencing token).
 """
 from __future__ import annotations
 
@@ -36,6 +37,29 @@ def request_owner(request: HttpRequest) -> str:
         owner = new_owner()
         request._ylock_owner = owner  # type: ignore[attr-defined]
     return owner  # type: ignore[no-any-return]
+
+
+def _held(request: HttpRequest) -> web.Held:
+    held: web.Held | None = getattr(request, "_ylock_held", None)
+    if held is None:
+        held = web.Held()
+        request._ylock_held = held  # type: ignore[attr-defined]
+    return held
+
+
+def current_lock(request: HttpRequest, name: str | None = None) -> ylock.Lock | ylock.Semaphore:
+    """Return the lock (or, under ``@limited``, the semaphore) that ``request`` holds while
+    its view runs: the innermost of its ``@locked``/``@limited`` decorators and the per-user
+    lock, or the one of family ``name`` (the name given to the decorator, or
+    ``USER_LOCK["LOCK"]``). Raise LookupError when the request holds none (or none of
+    ``name``).
+
+    The view runs as the request's owner, so ``current_lock(request).token`` is the fencing
+    token of the request's hold, to pass to :func:`django_ylock.fenced_update` (or pass the
+    lock itself). Works in sync and async function views and in class-based views
+    (``current_lock(self.request)``), whatever the decorator's key (a URL argument, a
+    callable, the user)."""
+    return _held(request).find(name)
 
 
 def user_key(request: HttpRequest, anonymous: str = "session") -> str | None:
@@ -73,17 +97,17 @@ def request_context(request: HttpRequest) -> str:
 class RequestLock:
     """Which lock (or semaphore) a request takes, in which mode, for how long, and what to
     answer when it cannot (see ``django_ylock.locked`` and ``limited`` for the parameters):
-    ``view`` is a :class:`ylock.web.LockedView` or :class:`ylock.web.LimitedView`, checked
+    ``spec`` is a :class:`ylock.web.LockSpec` or :class:`ylock.web.LimitSpec`, checked
     against the settings here, when the decorator is applied."""
 
-    def __init__(self, view: web.RequestSpec, *, on_commit: bool = False, using: str | None = None,
+    def __init__(self, spec: web.RequestSpec, *, on_commit: bool = False, using: str | None = None,
                  on_locked: Callable[..., HttpResponse] | str | None = None) -> None:
-        self.view = view
+        self.spec = spec
         registry = conf.current().registry
-        if view.key is not False and view.name not in registry.locks_settings:
-            web.check_family_name(view.name)
-        if isinstance(view, web.LimitedView):
-            view.check(registry)
+        if spec.key is not False and spec.name not in registry.locks_settings:
+            web.check_family_name(spec.name)
+        if isinstance(spec, web.LimitSpec):
+            spec.check(registry)
         self.on_commit = on_commit
         self.using = using
         self.on_locked = None if on_locked is None else \
@@ -94,11 +118,11 @@ class RequestLock:
     def lock_for(self, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]) -> web.Target | None:
         """Return the lock (or semaphore) this request takes, or None (an anonymous user,
         when skipped)."""
-        name = self.view.key_value(kwargs, lambda: self.view.key(request, *args, **kwargs),  # type: ignore[operator]
-                                   lambda: user_key(request, self.view.anonymous))
+        name = self.spec.key_value(kwargs, lambda: self.spec.key(request, *args, **kwargs),  # type: ignore[operator]
+                                   lambda: user_key(request, self.spec.anonymous))
         if name is None:
             return None
-        return self.view.target(conf.current().registry, name)
+        return self.spec.target(conf.current().registry, name)
 
     # -- answering ----------------------------------------------------------------------
 
@@ -108,14 +132,21 @@ class RequestLock:
             return None
         return self.on_locked or config.web.on_locked  # type: ignore[no-any-return]
 
-    def _enter(self, request: HttpRequest, lock: web.Target, mode: str) -> HttpResponse | None:
+    def _hold(self, request: HttpRequest, lock: web.Target, mode: str, owner: str, *,
+              deferred: bool = True) -> web.RequestHold:
+        """The request's hold, as :mod:`ylock.web` takes it for both plugins; ``deferred``:
+        released when the surrounding transaction commits (``on_commit``), else at once."""
         config = conf.current()
-        on_locked = self._on_locked(config, mode)
-        outcome = web.enter(lock, mode, self.view.timeout_for(config.registry), config.web,
-                            retry=self.view.retry_after, status=self.view.status, custom=on_locked is not None)
-        if isinstance(outcome, ylock.LockTimeout):
-            return on_locked(request, outcome)  # type: ignore[no-any-return, misc]
-        return None if outcome is None else answer(outcome)
+        return web.RequestHold(lock, mode, self.spec.timeout_for(config.registry), config.web,
+                               retry=self.spec.retry_after, status=self.spec.status,
+                               custom=self._on_locked(config, mode) is not None, owner=owner,
+                               release=(lambda: self._release_later(owner, lock, mode)) if deferred else None)
+
+    def _refused(self, request: HttpRequest, refusal: web.Refusal | ylock.LockTimeout, mode: str) -> HttpResponse:
+        if isinstance(refusal, ylock.LockTimeout):
+            on_locked = self._on_locked(conf.current(), mode)
+            return on_locked(request, refusal)  # type: ignore[no-any-return, misc]
+        return answer(refusal)
 
     # -- holding ----------------------------------------------------------------------------
 
@@ -147,23 +178,17 @@ class RequestLock:
         lock = self.lock_for(request, args, kwargs)
         if lock is None:
             return call()
-        mode, owner = self.view.mode_for(request), request_owner(request)
-        refused: HttpResponse | None = run_as(owner, self._enter, request, lock, mode)  # type: ignore[assignment]
-        if refused is not None:
-            return refused
-
-        def body() -> HttpResponse:
-            # The view runs as the request's owner too: it may re-enter the lock, and
-            # what it registers with on_commit runs while the lock is still held.
-            if self.on_commit and mode == WRITE:
-                with transaction.atomic(using=self.using):
-                    return call()
-            return call()
-        try:
-            response: HttpResponse = run_as(owner, body)  # type: ignore[assignment]
-        finally:
-            self._release_later(owner, lock, mode)
-        return response
+        mode, owner = self.spec.mode_for(request), request_owner(request)
+        # The view runs as the request's owner too: it may re-enter the lock, and what it
+        # registers with on_commit runs while the lock is still held.
+        with owner_scope(owner), self._hold(request, lock, mode, owner) as hold:
+            if hold.refusal is not None:
+                return self._refused(request, hold.refusal, mode)
+            with _held(request).holding(self.spec.name, lock):
+                if self.on_commit and mode == WRITE:
+                    with transaction.atomic(using=self.using):
+                        return call()
+                return call()
 
     async def arun(self, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any],
                    call: Callable[[], Awaitable[HttpResponse]]) -> HttpResponse:
@@ -178,32 +203,25 @@ class RequestLock:
         lock = await self.alock_for(request, args, kwargs)
         if lock is None:
             return await call()
-        mode, owner = self.view.mode_for(request), request_owner(request)
+        mode, owner = self.spec.mode_for(request), request_owner(request)
         with owner_scope(owner):   # the view's own lock calls act as the request's owner
-            config = conf.current()
-            on_locked = self._on_locked(config, mode)
-            outcome = await web.aenter(lock, mode, self.view.timeout_for(config.registry), config.web,
-                                       retry=self.view.retry_after, status=self.view.status,
-                                       custom=on_locked is not None)
-            if isinstance(outcome, ylock.LockTimeout):
-                return on_locked(request, outcome)  # type: ignore[no-any-return, misc]
-            if outcome is not None:
-                return answer(outcome)
-            try:
-                return await call()
-            finally:
-                await web.aleave(lock, mode)
+            # An async view's release is awaited at its end (on_commit is for sync views).
+            async with self._hold(request, lock, mode, owner, deferred=False) as hold:
+                if hold.refusal is not None:
+                    return self._refused(request, hold.refusal, mode)
+                with _held(request).holding(self.spec.name, lock):
+                    return await call()
 
     async def alock_for(self, request: HttpRequest, args: tuple[Any, ...],
                         kwargs: dict[str, Any]) -> web.Target | None:
         """:meth:`lock_for` in an async view: the session is read and written through
         Django's async session API (a database session must not be touched from the loop)."""
-        if self.view.key is None and not getattr(getattr(request, "user", None), "is_authenticated", False):
+        if self.spec.key is None and not getattr(getattr(request, "user", None), "is_authenticated", False):
             session = getattr(request, "session", None)
-            if session is not None and hasattr(session, "aget") and self.view.anonymous != "skip":
+            if session is not None and hasattr(session, "aget") and self.spec.anonymous != "skip":
                 if await session.aget(web.SESSION_KEY) is None:
                     await session.aset(web.SESSION_KEY, web.new_visitor_id())
-            elif session is not None and self.view.anonymous != "skip":    # Django before 5.0
+            elif session is not None and self.spec.anonymous != "skip":    # Django before 5.0
                 from asgiref.sync import sync_to_async
 
                 return await sync_to_async(self.lock_for)(request, args, kwargs)

@@ -28,16 +28,13 @@ engine_suspended = Signal()
 #: The ZooKeeper connection came back with its session: the holds it carries are safe again.
 engine_reconnected = Signal()
 
-BY_KIND = {
-    events.ACQUIRED: lock_acquired,
-    events.RELEASED: lock_released,
-    events.TIMED_OUT: lock_timed_out,
-    events.LOST: lock_lost,
-    events.RENEWED: lock_renewed,
-    events.WAITER_EVICTED: waiter_evicted,
-    events.SUSPENDED: engine_suspended,
-    events.RECONNECTED: engine_reconnected,
-}
+#: A hold left its owner as a ticket (:meth:`ylock.Lock.detach`): nobody renews it until adopted.
+lock_detached = Signal()
+#: A ticket's hold has a new owner (:meth:`ylock.Lock.adopt`).
+lock_adopted = Signal()
+
+#: The signal of each relayed event kind (:data:`ylock.events.RELAYED`, the core's one list).
+BY_KIND = {kind: globals()[signal] for kind, signal in events.RELAYED.items()}
 
 
 def relay(event: events.Event) -> None:

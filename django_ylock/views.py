@@ -2,8 +2,10 @@
 
 It serves the exposition of the exporter that ``YLOCK["METRICS"]["PROMETHEUS"]`` started
 (its own registry by default, or ``prometheus_client.REGISTRY`` with ``"REGISTRY":
-"default"``); 404 when Prometheus metrics are not configured. Protect it as you would any
-internal endpoint (a URL only your scraper reaches, or a decorator of your own).
+"default"``), or with ``$PROMETHEUS_MULTIPROC_DIR`` set every worker's values (a
+``MultiProcessCollector``: see docs/metrics.md); 404 when Prometheus metrics are not
+configured. Protect it as you would any internal endpoint (a URL only your scraper
+reaches, or a decorator of your own).
 """
 from __future__ import annotations
 

@@ -41,21 +41,11 @@ def _registry() -> Registry:
 
 def _execute(action: str, **options: Any) -> None:
     registry = _registry()
-
-    def named_lock(name: str) -> tuple[cli.Target, ylock.Lock]:
-        try:
-            alias = registry.lock_options(name).engine
-            lock = registry.lock(name)
-        except ylock.ConfigurationError as exc:
-            raise cli.CommandFailed(f"invalid YLOCK setting: {exc}") from exc
-        return (alias, lock.engine), lock
-
     console = cli.Console(lambda text: click.echo(text, nl=False))
     command = options.get("command") or [""]
     try:
         with ylock.context(f"flask ylock {action} {os.path.basename(command[0])}".rstrip()):
-            code = cli.execute(action, options, console, named_lock=named_lock,
-                               targets=lambda alias: cli.targets_of(registry.aliases(), registry.engine, alias))
+            code = cli.execute_in(registry, action, options, console)
     except cli.CommandFailed as exc:
         error = click.ClickException(str(exc))
         error.exit_code = exc.code

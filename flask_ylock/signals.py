@@ -37,11 +37,13 @@ engine_suspended = _signals.signal("ylock-engine-suspended")
 #: The engine's session came back (ZooKeeper).
 engine_reconnected = _signals.signal("ylock-engine-reconnected")
 
-BY_KIND = {
-    events.ACQUIRED: lock_acquired, events.TIMED_OUT: lock_timed_out, events.RELEASED: lock_released,
-    events.RENEWED: lock_renewed, events.LOST: lock_lost, events.WAITER_EVICTED: waiter_evicted,
-    events.SUSPENDED: engine_suspended, events.RECONNECTED: engine_reconnected,
-}
+#: A hold left its owner as a ticket (:meth:`ylock.Lock.detach`): nobody renews it until adopted.
+lock_detached = _signals.signal("ylock-lock-detached")
+#: A ticket's hold has a new owner (:meth:`ylock.Lock.adopt`).
+lock_adopted = _signals.signal("ylock-lock-adopted")
+
+#: The signal of each relayed event kind (:data:`ylock.events.RELAYED`, the core's one list).
+BY_KIND = {kind: globals()[signal] for kind, signal in events.RELAYED.items()}
 
 
 def relay(event: events.Event) -> None:

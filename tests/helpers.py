@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import ylock
 
@@ -82,13 +84,27 @@ class Runner(threading.Thread):
 
 class LockLoad:
     """Threads taking write locks in a loop until stopped, counting each outcome: the load
-    that fault tests (failover, leader killed) run while they break the servers."""
+    that fault tests (failover, leader killed) run while they break the servers.
 
-    def __init__(self, locks: list[ylock.Lock], timeout: float) -> None:
+    Each hold writes through a fenced register and an unfenced counter of its lock's name
+    and is journalled (:class:`tests.faults.Journal`, files under ``directory``), so that
+    :meth:`stop` can assert exclusion too: a lock that let two threads in at once fails the
+    test, however well it survived the fault."""
+
+    def __init__(self, locks: list[ylock.Lock], timeout: float, directory: str | os.PathLike[str]) -> None:
+        from tests.faults import Journal
+        from tests.faults.workers import Checkers
+
         self.outcomes = {"ok": 0, "unavailable": 0, "timeout": 0, "lost": 0}
+        self.journals: dict[str, Journal] = {}
+        for lock in locks:
+            if lock.name not in self.journals:
+                os.makedirs(os.path.join(directory, lock.name), exist_ok=True)
+                self.journals[lock.name] = Journal(Checkers(os.path.join(directory, lock.name)))
         self._stop = threading.Event()
         self._timeout = timeout
-        self._threads = [threading.Thread(target=self._run, args=(lock,), daemon=True) for lock in locks]
+        self._threads = [threading.Thread(target=self._run, args=(lock, f"T{i}"), daemon=True)
+                         for i, lock in enumerate(locks)]
 
     def __enter__(self) -> LockLoad:
         for t in self._threads:
@@ -98,12 +114,18 @@ class LockLoad:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
 
-    def _run(self, lock: ylock.Lock) -> None:
+    def _run(self, lock: ylock.Lock, who: str) -> None:
+        journal = self.journals[lock.name]
         while not self._stop.is_set():
             try:
-                with lock.write(timeout=self._timeout):
-                    pass
-                self.outcomes["ok"] += 1
+                lock.lock(timeout=self._timeout)
+                record = journal.hold(lock, who, writes=2)       # writes inside, then releases
+                if record.outcome == "lost":
+                    self.outcomes["lost"] += 1
+                elif record.outcome == "release unavailable":
+                    self.outcomes["unavailable"] += 1
+                else:
+                    self.outcomes["ok"] += 1
             except ylock.EngineUnavailable:
                 self.outcomes["unavailable"] += 1
                 time.sleep(0.05)
@@ -117,12 +139,19 @@ class LockLoad:
         ok = self.outcomes["ok"]
         wait_until(lambda: self.outcomes["ok"] >= ok + calls, timeout=timeout, what=f"{what}: {self.outcomes}")
 
-    def stop(self, join: float) -> None:
-        """Stop the load; assert that no lock call hung."""
+    def stop(self, join: float, *, strict: bool = True) -> dict[str, Any]:
+        """Stop the load; assert that no lock call hung and that the holds excluded each
+        other (:meth:`tests.faults.Journal.check`: ``strict`` unless the fault may lose a
+        recent acquisition, as an asynchronous replica's promotion does). Return each name's
+        verdict."""
         self._stop.set()
         for t in self._threads:
             t.join(join)
             assert not t.is_alive(), f"a lock call hung: {self.outcomes}"
+        verdicts = {name: journal.check(strict=strict) for name, journal in self.journals.items()}
+        held = sum(v.holds for v in verdicts.values())
+        assert held >= self.outcomes["ok"] > 0, f"{held} holds journalled for {self.outcomes}"
+        return verdicts
 
 
 _loops = threading.local()

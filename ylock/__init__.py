@@ -13,6 +13,7 @@ from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, LockInfo, Re
 from ylock.errors import (
     ConfigurationError,
     EngineUnavailable,
+    FencedOut,
     LockError,
     LockLost,
     LockNotOwned,
@@ -35,6 +36,6 @@ __all__ = [
     "READ", "WRITE", "DEFAULT", "engine_from_url", "engine_from_path", "current_owner", "owner_scope", "run_as",
     "context",
     "events", "WATCHDOG", "HOLDS",
-    "LockError", "LockTimeout", "LockNotOwned", "LockLost", "LockUpgradeError",
+    "LockError", "LockTimeout", "LockNotOwned", "LockLost", "FencedOut", "LockUpgradeError",
     "EngineUnavailable", "ConfigurationError",
 ]

@@ -47,6 +47,7 @@ from ylock.metrics import shared
 from ylock.metrics.aggregator import WINDOW
 from ylock.names import check_group, check_name
 from ylock.owner import context
+from ylock.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +58,9 @@ EXIT_USAGE = 2
 DEFAULT_ALIAS = "default"
 VERBS = ("list", "inspect", "release", "stats", "run")
 
-__all__ = ["main", "execute", "add_verbs", "Console", "CommandFailed", "Target", "list_locks", "inspect_lock",
-           "release_lock", "collect_stats", "show_stats", "run_locked", "targets_of", "EXIT_OK", "EXIT_ERROR",
-           "EXIT_USAGE", "EXIT_BUSY", "EXIT_LOST", "EXIT_CANNOT_RUN", "EXIT_NOT_FOUND"]
+__all__ = ["main", "execute", "execute_in", "add_verbs", "Console", "CommandFailed", "Target", "list_locks",
+           "inspect_lock", "release_lock", "collect_stats", "show_stats", "run_locked", "targets_of", "EXIT_OK",
+           "EXIT_ERROR", "EXIT_USAGE", "EXIT_BUSY", "EXIT_LOST", "EXIT_CANNOT_RUN", "EXIT_NOT_FOUND"]
 
 #: An engine and the alias it goes by in the output (``default`` for ``ylock --url``).
 Target = tuple[str, Engine]
@@ -282,6 +283,22 @@ def execute(action: str, options: Mapping[str, Any], console: Console, *,
                           timeout=options.get("timeout"), lease=options.get("lease"), grace=options.get("grace"),
                           stderr=stderr)
     raise CommandFailed(f"unknown action {action!r} (known: {', '.join(VERBS)})", EXIT_USAGE)
+
+
+def execute_in(registry: Registry, action: str, options: Mapping[str, Any], console: Console, *,
+               stderr: TextIO | None = None) -> int:
+    """:func:`execute` on the engines and named locks of a plugin's settings (``manage.py
+    ylock``, ``flask ylock``): ``run NAME`` holds the lock ``NAME`` of its LOCKS."""
+    def named_lock(name: str) -> tuple[Target, Lock]:
+        try:
+            alias = registry.lock_options(name).engine
+            lock = registry.lock(name)
+        except ConfigurationError as exc:
+            raise CommandFailed(f"invalid {registry.where} setting: {exc}") from exc
+        return (alias, lock.engine), lock
+
+    return execute(action, options, console, named_lock=named_lock, stderr=stderr,
+                   targets=lambda alias: targets_of(registry.aliases(), registry.engine, alias))
 
 
 # -- argparse (the ylock script and manage.py ylock) ---------------------------------------------------

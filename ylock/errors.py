@@ -30,6 +30,18 @@ class LockLost(LockError):
     """The lease of this hold could not be renewed: another owner may have had the lock."""
 
 
+class FencedOut(LockLost):
+    """A fenced write was refused: a holder with a newer fencing token had already written
+    the rows, so this holder's lock was lost (paused past its lease, partitioned) and its
+    write would have overwritten newer work. Nothing was written. ``token`` is the refused
+    token."""
+
+    def __init__(self, message: str, *, token: int | None = None, group: str | None = None,
+                 name: str | None = None) -> None:
+        self.token = token
+        super().__init__(message, group=group, name=name)
+
+
 class LockUpgradeError(LockError):
     """A read holder asked for the write lock; that would deadlock, so it is refused."""
 
@@ -42,8 +54,8 @@ class ConfigurationError(LockError, ValueError):
     """A URL, setting or option is invalid.
 
     ``code`` says which kind of mistake (``"E002"``: an engine URL or option; the list is in
-    :mod:`ylock.options`), so that Django can report it as the system check
-    ``django_ylock.E002``; ``hint`` says how to fix it, when there is more to say. The
+    :mod:`ylock.options`), so that a plugin can report it with a stable id (the Django app's
+    system checks); ``hint`` says how to fix it, when there is more to say. The
     message (``str()``) ends with the hint in parentheses; ``problem`` is the message alone.
     """
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from ylock import events, options, tracing
+from ylock import events, options, sigterm
 from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, RenewItem
 from ylock.errors import (
     ConfigurationError,
@@ -79,6 +79,8 @@ class _Holding:
     kind = LOCK
     #: The number of permits (a semaphore's; 0 for a lock).
     permits = 0
+    #: The modes it can be held in (:meth:`guard`).
+    modes: tuple[str, ...] = (WRITE, READ)
 
     def __init__(self, engine: Engine, group: str, name: str = "global", *, fair: bool = True,
                  lease: float = 30.0, polling: Polling | None = None, timeout: float | None = None) -> None:
@@ -121,6 +123,17 @@ class _Holding:
         hold = self._hold()
         return hold is not None and hold.lost
 
+    def guard(self, mode: str, timeout: float | None = DEFAULT, *,
+              context: Mapping[str, Any] | None = None) -> Guard:
+        """Return the :class:`Guard` holding this in ``mode`` (a lock: ``"write"`` or ``"read"``,
+        as :meth:`Lock.write` and :meth:`Lock.read`; a semaphore: ``"permit"``, as
+        :meth:`Semaphore.hold`): for code that gets the mode as data (a setting, a request's
+        method), with the guard's verbs (``try_acquire``, ``release`` and their asyncio twins)."""
+        if mode not in self.modes:
+            raise options.fail("mode", f"must be one of {', '.join(map(repr, self.modes))} for {self!r}, "
+                               f"got {mode!r}", options.E_LOCK_OPTION)
+        return Guard(self, mode, self.timeout if timeout is DEFAULT else timeout, context)
+
     # -- the work (shared by both worlds; only the engine call differs) ---------------------------
 
     def _request(self, mode: str, owner: str, deadline: float | None,
@@ -155,7 +168,7 @@ class _Holding:
         return True
 
     def _taken(self, mode: str, owner: str, token: int | None, started: float, timeout: float | None,
-               raise_on_timeout: bool) -> bool:
+               raise_on_timeout: bool, watched: events.Acquisition | None = None) -> bool:
         """Record the engine's answer to a first acquisition (token, or None at the deadline)."""
         waited = time.monotonic() - started
         if token is None:
@@ -173,8 +186,11 @@ class _Holding:
         HOLDS.add(hold)
         if HOLDS.renew_from(hold, mode, self.polling.waiter_lease / 3):
             WATCHDOG.ensure_running()
-        if tracing.ACTIVE is not None:
-            hold.span = tracing.ACTIVE.held(self, hold, mode)
+        if not sigterm.checked:
+            sigterm.install(release_all, EXIT_BUDGET)   # a plain script's `kill PID` gives its holds back
+        if watched is not None:
+            for watcher in watched.watchers:
+                watcher.held(watched, hold)
         events.publish(events.ACQUIRED, self.group, self.name, self.engine.scheme, mode,
                        owner=owner, token=token, wait=waited)
         return True
@@ -190,12 +206,27 @@ class _Holding:
                 hold, self.engine.acquire(self._request(mode, owner, time.monotonic())))
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
-        traced = tracing.ACTIVE
-        if traced is None:
+        watching = _watching()
+        if not watching:
             token = self.engine.acquire(self._request(mode, owner, deadline, context))
-        else:
-            token = traced.acquire(self, mode, owner, deadline, context)
-        return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
+            return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
+        watched = events.Acquisition(watching, self, mode, owner, context)
+        for watcher in watching:
+            watcher.start(watched)
+        try:
+            token = self.engine.acquire(self._request(mode, owner, time.monotonic(), watched.context))
+            if token is None and (deadline is None or time.monotonic() < deadline):
+                # Tried once without waiting (so the watchers learn of a wait before it starts).
+                for watcher in watching:
+                    watcher.waiting(watched)
+                token = self.engine.acquire(self._request(mode, owner, deadline, watched.context))
+        except BaseException as exc:
+            for watcher in watching:
+                watcher.waited(watched, None, exc)
+            raise
+        for watcher in watching:
+            watcher.waited(watched, token, None)
+        return self._taken(mode, owner, token, started, timeout, raise_on_timeout, watched)
 
     async def _aacquire(self, mode: str, timeout: Any, raise_on_timeout: bool,
                         context: Mapping[str, Any] | None = None) -> bool:
@@ -207,14 +238,28 @@ class _Holding:
                 hold, await self.engine.aacquire(self._request(mode, owner, time.monotonic())))
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
-        traced = tracing.ACTIVE
-        if traced is None:
+        watching = _watching()
+        if not watching:
             token = await self.engine.aacquire(self._request(mode, owner, deadline, context))
-        else:
-            token = await traced.aacquire(self, mode, owner, deadline, context)
-        return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
+            return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
+        watched = events.Acquisition(watching, self, mode, owner, context)
+        for watcher in watching:
+            watcher.start(watched)
+        try:
+            token = await self.engine.aacquire(self._request(mode, owner, time.monotonic(), watched.context))
+            if token is None and (deadline is None or time.monotonic() < deadline):
+                for watcher in watching:
+                    watcher.waiting(watched)
+                token = await self.engine.aacquire(self._request(mode, owner, deadline, watched.context))
+        except BaseException as exc:
+            for watcher in watching:
+                watcher.waited(watched, None, exc)
+            raise
+        for watcher in watching:
+            watcher.waited(watched, token, None)
+        return self._taken(mode, owner, token, started, timeout, raise_on_timeout, watched)
 
-    def _leave(self, mode: str, owner: str) -> Hold | None:
+    def _count_release(self, mode: str, owner: str) -> Hold | None:
         """Count a release of this owner's hold; return the hold when this was the final
         release of ``mode`` (the engine must release it), else None."""
         hold = _holds.get(self._key(owner))
@@ -233,7 +278,7 @@ class _Holding:
             HOLDS.stop_renewing(hold, mode)
         return hold
 
-    def _left(self, hold: Hold, mode: str, started: float, still_held: bool | None) -> None:
+    def _released(self, hold: Hold, mode: str, started: float, still_held: bool | None) -> None:
         """Publish the release; raise LockLost if the hold had been lost meanwhile."""
         ended = time.monotonic()
         finished = not hold.writes and not hold.reads
@@ -241,15 +286,16 @@ class _Holding:
                        token=hold.token, hold=(ended - hold.started) if finished else None, release=ended - started)
         if still_held is not None and (hold.lost or not still_held):
             HOLDS.lose(hold, "the server no longer had this hold at release")
-        if finished and hold.span is not None:
-            tracing.released(hold)
+        if finished:
+            for watcher in events.watchers():
+                watcher.released(hold)
         if still_held is not None and hold.lost:
             raise LockLost(f"the lease of {self._what(mode)} was lost before release ({hold.lost_reason}); "
                            "another owner may have held it meanwhile", group=self.group, name=self.name)
 
     def _release(self, mode: str) -> None:
         owner = current_owner()
-        hold = self._leave(mode, owner)
+        hold = self._count_release(mode, owner)
         if hold is None:
             return
         started = time.monotonic()
@@ -257,11 +303,11 @@ class _Holding:
         try:
             still_held = self.engine.release(self.group, self.name, owner, mode)
         finally:
-            self._left(hold, mode, started, still_held)
+            self._released(hold, mode, started, still_held)
 
     async def _arelease(self, mode: str) -> None:
         owner = current_owner()
-        hold = self._leave(mode, owner)
+        hold = self._count_release(mode, owner)
         if hold is None:
             return
         started = time.monotonic()
@@ -271,11 +317,11 @@ class _Holding:
         try:
             still_held = await asyncio.shield(release)
         except asyncio.CancelledError:
-            release.add_done_callback(lambda done: _quietly(self._left, hold, mode, started, _result(done)))
+            release.add_done_callback(lambda done: _quietly(self._released, hold, mode, started, _result(done)))
             raise
         finally:
             if release.done() and not release.cancelled():
-                self._left(hold, mode, started, still_held)
+                self._released(hold, mode, started, still_held)
 
 
     # -- holds that change hands ----------------------------------------------------------------
@@ -313,17 +359,17 @@ class _Holding:
                       owner_process())
 
     @classmethod
-    def adopt(cls, engine: Engine, ticket: Ticket | Mapping[str, Any], **options: Any) -> Any:
+    def adopt(cls, engine: Engine, ticket: Ticket | Mapping[str, Any], **lock_options: Any) -> Any:
         """Take over the hold that ``ticket`` (from :meth:`detach`, or its :meth:`Ticket.as_dict`)
         describes, as the calling thread or task, and return the lock (or semaphore: the
         ticket says which) holding it: the token is unchanged, and this process's watchdog
-        renews it from now on, with the lock's lease (``lease=`` among ``options``, else the
+        renews it from now on, with the lock's lease (``lease=`` among ``lock_options``, else the
         detached lock's) from the adoption on. Raise :class:`LockLost` if the hold is gone
         (lost, or adopted already)."""
         t = ticket if isinstance(ticket, Ticket) else Ticket.from_dict(ticket)
-        options.setdefault("lease", t.lease)
-        target: Lock | Semaphore = Semaphore(engine, t.group, t.name, permits=t.permits, **options) \
-            if t.kind == SEMAPHORE else Lock(engine, t.group, t.name, **options)
+        lock_options.setdefault("lease", t.lease)
+        target: Lock | Semaphore = Semaphore(engine, t.group, t.name, permits=t.permits, **lock_options) \
+            if t.kind == SEMAPHORE else Lock(engine, t.group, t.name, **lock_options)
         if not engine.adopts_across_processes and t.process != owner_process():
             raise ConfigurationError(f"{type(engine).__name__} holds live in the session of the process that took "
                                      "them: a ticket can be adopted only in the process that detached it",
@@ -531,6 +577,12 @@ def release_all(budget: float = EXIT_BUDGET) -> int:
 atexit.register(release_all)
 
 
+def _watching() -> tuple[events.Watcher, ...]:
+    """The watchers that watch this acquisition (none: the plain path)."""
+    watchers = events.watchers()
+    return tuple(w for w in watchers if w.on()) if watchers else ()
+
+
 def _result(task: asyncio.Future[bool]) -> bool | None:
     return None if task.cancelled() or task.exception() is not None else task.result()
 
@@ -556,6 +608,7 @@ class Semaphore(_Holding):
 
     __slots__ = ("permits",)
     kind = SEMAPHORE
+    modes = (PERMIT,)
 
     def __init__(self, engine: Engine, group: str, name: str = "global", *, permits: int, fair: bool = True,
                  lease: float = 30.0, polling: Polling | None = None, timeout: float | None = None) -> None:
@@ -650,12 +703,18 @@ class Semaphores:
 
 
 class Guard:
-    """Holds a lock in one mode for a ``with`` block, or around every call of a function.
+    """Holds a lock in one mode (or a semaphore's permit) for a ``with`` block, or around
+    every call of a function; or, by its verbs, for as long as the caller says.
 
     As a decorator it works on plain functions and on coroutine functions. In a coroutine
     (and with ``async with``) the owner is the asyncio task, so two tasks exclude each
     other and one task may re-enter; the lock's asyncio verbs wait without a thread, and a
     task cancelled while it waits (or inside the block) leaves nothing held.
+
+    Its verbs take and give back one level of the hold in the guard's mode, whatever that
+    mode is: ``acquire``, ``try_acquire``, ``release`` and the asyncio ``aacquire``,
+    ``atry_acquire``, ``arelease``, as a :class:`Semaphore`'s (a ``timeout`` not given is
+    the guard's).
     """
 
     __slots__ = ("_lock", "_mode", "_timeout", "_context")
@@ -666,6 +725,58 @@ class Guard:
         self._mode = mode
         self._timeout = options.timeout(timeout)
         self._context = context
+
+    def __repr__(self) -> str:
+        return f"<ylock.Guard {self._mode} of {self._lock!r}>"
+
+    @property
+    def target(self) -> Any:
+        """The :class:`Lock` or :class:`Semaphore` it holds."""
+        return self._lock
+
+    @property
+    def mode(self) -> str:
+        """The mode it holds the target in: ``"write"``, ``"read"`` or ``"permit"``."""
+        return self._mode
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds its acquisitions wait (None: forever)."""
+        return self._timeout
+
+    @property
+    def description(self) -> str:
+        """What it holds, for messages: ``"the write lock"``, ``"a permit"``."""
+        return str(self._lock._what(self._mode))
+
+    def _wait(self, timeout: float | None) -> float | None:
+        return self._timeout if timeout is DEFAULT else timeout
+
+    def acquire(self, timeout: float | None = DEFAULT) -> None:
+        """Take the hold, waiting up to ``timeout`` seconds; raise :class:`LockTimeout` if it
+        could not be had in time."""
+        self._lock._acquire(self._mode, self._wait(timeout), True, self._context)
+
+    def try_acquire(self, timeout: float | None = DEFAULT) -> bool:
+        """Take the hold if it can be had within ``timeout``; return whether it was."""
+        return bool(self._lock._acquire(self._mode, self._wait(timeout), False, self._context))
+
+    def release(self) -> None:
+        """Give back one level of the hold (:class:`LockNotOwned` if there is none,
+        :class:`LockLost` if it was lost meanwhile)."""
+        self._lock._release(self._mode)
+
+    async def aacquire(self, timeout: float | None = DEFAULT) -> None:
+        """:meth:`acquire` from an asyncio task."""
+        await self._lock._aacquire(self._mode, self._wait(timeout), True, self._context)
+
+    async def atry_acquire(self, timeout: float | None = DEFAULT) -> bool:
+        """:meth:`try_acquire` from an asyncio task."""
+        return bool(await self._lock._aacquire(self._mode, self._wait(timeout), False, self._context))
+
+    async def arelease(self) -> None:
+        """:meth:`release` from an asyncio task (completes even if the task is cancelled)."""
+        await self._lock._arelease(self._mode)
 
     def __enter__(self) -> Any:
         self._lock._acquire(self._mode, self._timeout, True, self._context)

@@ -33,19 +33,19 @@ class AllOf:
         self.timeout = options.timeout(timeout)
         self._taken: list[Guard] = []
 
-    def _left(self, deadline: float | None) -> float | None:
+    def _time_left(self, deadline: float | None) -> float | None:
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     def _refused(self, guard: Guard) -> LockTimeout:
-        target = guard._lock
-        return LockTimeout(f"all_of could not take {target._what(guard._mode)} within {self.timeout} s; "
+        target = guard.target
+        return LockTimeout(f"all_of could not take {guard.description} within {self.timeout} s; "
                            f"released the {len(self._taken)} taken before it", group=target.group, name=target.name)
 
     def __enter__(self) -> AllOf:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         try:
             for guard in self.guards:
-                if not guard._lock._acquire(guard._mode, self._left(deadline), False):
+                if not guard.try_acquire(self._time_left(deadline)):
                     raise self._refused(guard)
                 self._taken.append(guard)
         except BaseException:
@@ -62,7 +62,7 @@ class AllOf:
         while self._taken:
             guard = self._taken.pop()
             try:
-                guard._lock._release(guard._mode)
+                guard.release()
             except Exception as error:  # noqa: BLE001 - release the others first, then report
                 errors.append(error)
         if errors:
@@ -72,7 +72,7 @@ class AllOf:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         try:
             for guard in self.guards:
-                if not await guard._lock._aacquire(guard._mode, self._left(deadline), False):
+                if not await guard.atry_acquire(self._time_left(deadline)):
                     raise self._refused(guard)
                 self._taken.append(guard)
         except BaseException:
@@ -88,7 +88,7 @@ class AllOf:
         while self._taken:
             guard = self._taken.pop()
             try:
-                await guard._lock._arelease(guard._mode)
+                await guard.arelease()
             except Exception as error:  # noqa: BLE001
                 errors.append(error)
         if errors:
@@ -107,5 +107,5 @@ def all_of(*guards: Guard, timeout: float | None = DEFAULT) -> AllOf:
 
 
 def _order(guard: Guard) -> tuple[Any, ...]:
-    target = guard._lock
-    return (target.engine.url_for_display(), target.kind, target.group, target.name, guard._mode != WRITE)
+    target = guard.target
+    return (target.engine.url_for_display(), target.kind, target.group, target.name, guard.mode != WRITE)

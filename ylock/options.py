@@ -4,8 +4,8 @@ The core (lock options, engine options), the registry (``YLOCK`` / ``YLOCK_*`` s
 both plugins and the metrics configuration validate with these functions, so that every
 mistake gets the same kind of message: *where* (``LOCKS['orders']['LEASE']``, ``lease``,
 ``?socket_timeout=``), *what was given*, *what is allowed*. Each raises
-:class:`~ylock.ConfigurationError` (a ``ValueError``) carrying a ``code`` that Django turns
-into a system check id (``django_ylock.E005``).
+:class:`~ylock.ConfigurationError` (a ``ValueError``) carrying a ``code`` that a plugin turns
+into an id of its own (the Django app's system checks).
 
 Numbers are checked without converting first: ``10**400`` or ``nan`` never reach
 ``float()`` or a driver as an ``OverflowError``.
@@ -19,7 +19,7 @@ from typing import Any
 
 from ylock.errors import ConfigurationError
 
-# Error codes (Django: "django_ylock." + code); documented in the README's settings reference.
+# Error codes (prefixed by a plugin for its ids); documented in the README's settings reference.
 E_SHAPE = "E001"          # a settings section is not a dict, or has unknown keys
 E_ENGINE_URL = "E002"     # an engine URL or option is invalid
 E_EXTRA = "E003"          # the package an engine or exporter needs is not installed

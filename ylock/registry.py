@@ -24,11 +24,13 @@ A lock name that is not in ``LOCKS`` gets the defaults: its group is its name, o
 anywhere (Django turns each into a system check); :meth:`Registry.validate` raises the
 first as :class:`~ylock.ConfigurationError` (Flask's ``init_app`` and Django's
 ``ready()`` do that, so a bad setting stops the app at startup).
+:func:`with_default_engine` is the one rule by which every plugin fills in the
+``default`` engine; the plugins only translate their own settings into this dict.
 """
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,6 +247,20 @@ class Registry:
             raise ConfigurationError(f"{self.where}['LOCKS'][{o.name!r}] needs PERMITS to be used as a semaphore "
                                      "(or give permits= where it is used)", code=opt.E_LOCK_OPTION)
         return permits
+
+
+def with_default_engine(engines: Any, url: str | None, fallback: Callable[[], str]) -> Any:
+    """Return the ENGINES setting ``engines`` with its ``default`` engine filled in, the one
+    rule of every plugin: no engines at all (None or empty) make ``default`` the engine at
+    ``url`` (the plugin's URL setting or ``$YLOCK_URL``), else at ``fallback()`` (an
+    embedded server; a plugin without one raises its ConfigurationError there); engines
+    without a ``default`` get ``url`` as theirs when it is given. Anything that is not a
+    mapping comes back as it is, for :meth:`Registry.problems` to name."""
+    if not engines:
+        return {DEFAULT_ENGINE: {"URL": url or fallback()}}
+    if isinstance(engines, Mapping) and DEFAULT_ENGINE not in engines and url:
+        return {DEFAULT_ENGINE: {"URL": url}, **engines}
+    return engines
 
 
 def polling(value: Any, where: str) -> Polling | None:

@@ -30,7 +30,8 @@ def to_json_one(alias: str, info: LockInfo | None) -> str:
 
 
 def table(infos: Sequence[tuple[str, LockInfo]]) -> str:
-    """Return an aligned text table of held locks and their waiters."""
+    """Return an aligned text table of held locks and their waiters; under each lock's row,
+    one indented line per holder that said what it is doing (as ``inspect`` shows it)."""
     if not infos:
         return "no locks held or waited for"
     lines = [COLUMNS]
@@ -40,7 +41,13 @@ def table(infos: Sequence[tuple[str, LockInfo]]) -> str:
         lines.append((alias, i.group, name, i.mode or "-", ", ".join(_owner(i, o) for o in i.owners) or "-",
                       ", ".join(i.waiters) or "-", ttl, "-" if i.token is None else str(i.token)))
     widths = [max(len(str(line[c])) for line in lines) for c in range(len(COLUMNS))]
-    return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip() for line in lines)
+    out = ["  ".join(str(v).ljust(w) for v, w in zip(lines[0], widths)).rstrip()]
+    for (_, i), line in zip(infos, lines[1:]):
+        out.append("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip())
+        # Below the row, not in a column: a read lock's many holders each say something, and
+        # the columns stay what scripts that split the table expect (--json is for scripts).
+        out.extend(f"    {o}: {_doing(i.context[o])}" for o in i.owners if o in i.context)
+    return "\n".join(out)
 
 
 def detail(alias: str, info: LockInfo | None, group: str, name: str) -> str:

@@ -1,4 +1,5 @@
-"""How a waiter spaces its polls (the seed's constant and exponential polling).
+"""How a waiter spaces its polls: at a constant interval, or exponentially with jitter (the
+two strategies of the Java ylock, the design this package follows).
 
 An engine with a notify path (Redis) blocks on its own wake-up key for at most one poll
 interval, so polling is only the fallback that bounds the cost of a lost wake-up.

@@ -5,8 +5,8 @@ engine must keep alive carries a due time). The thread sleeps until the earliest
 time, then takes every renewal of the same engine that is due within the next sixth of
 its lease, and hands them to ``engine.renew()`` in one call (which pipelines them).
 Renewed entries become due again together, so holds taken at different moments coalesce
-into a few batches per renewal period (the effect of the seed's timing wheel, without the
-wheel).
+into a few batches per renewal period (the effect of the timing wheel with which the Java
+ylock, the design this package follows, renews its holds, without the wheel).
 
 A hold is renewed every ``lease / 3``. Its first renewal comes sooner (after a third of
 the waiter lease): a new hold starts with the waiter's short lease on the server, so that

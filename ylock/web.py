@@ -3,11 +3,12 @@ Flask's ``@locked`` and ``@limited`` views and per-user locks. The plugins only 
 objects and settings into these calls, so both answer the same requests the same way.
 
 - **Which lock.** ``key`` picks one lock of a named family per request: a URL value
-  (escaped into a valid lock name: ``/`` and the like never reach a server, and a value
-  too long is hashed), the result of a callable, the current user (``user-<id>``), or an
-  anonymous visitor's session, as a keyed hash of it (``session-<hmac>``): a session key
-  must never sit in server keys, ``ylock list`` output, logs or 423 bodies, where anyone
-  who reads them could hijack the session.
+  (escaped into a valid lock name, one per value: ``/``, ``.`` and the like never reach a
+  server, and a value too long is hashed; :func:`ylock.names.name_for`), the result of a
+  callable, the current user (``user-<id>``), or an anonymous visitor's session, as a
+  keyed hash of it (``session-<hmac>``): a session key must never sit in server keys,
+  ``ylock list`` output, logs or 423 bodies, where anyone who reads them could hijack the
+  session.
 - **How long.** A request waits for its lock up to the decorator's ``timeout``, else the
   lock's ``TIMEOUT`` setting, else :data:`DEFAULT_TIMEOUT` seconds: a web worker must
   not wait forever unless told to (``timeout=None``).
@@ -21,27 +22,31 @@ objects and settings into these calls, so both answer the same requests the same
 - **What it is doing.** Every hold taken for a request says so (:func:`request_context`:
   ``"POST /orders/7"``, never the query string nor anything of the user or session), as
   ``engine.describe()``, ``ylock list`` and the admin page show it.
+- **Which lock it holds.** While the view runs, the plugins' ``current_lock()`` returns the
+  lock (or semaphore) the request holds (:class:`Held`), so the view can pass its fencing
+  token to a fenced write.
 - **The quiet release.** Once the view has run, a lost lease or an unreachable engine at
   release is logged, not turned into an error page: the view's answer stands.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
 import math
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Union
-from urllib.parse import quote
 
 from ylock import options as opt
 from ylock.engines.base import PERMIT, READ, WRITE
 from ylock.errors import ConfigurationError, EngineUnavailable, LockLost, LockTimeout
 from ylock.lock import DEFAULT, Lock, Semaphore
-from ylock.names import MAX_NAME_LENGTH, check_group, check_name
+from ylock.names import check_group, check_name, name_for
+from ylock.owner import owner_scope
 
 logger = logging.getLogger(__name__)
 
@@ -104,14 +109,14 @@ class UserLock:
             return PERMIT
         return READ if method in self.read_methods else WRITE
 
-    def views(self) -> dict[str, LockedView | LimitedView]:
+    def specs(self) -> dict[str, LockSpec | LimitSpec]:
         """What a request of each :meth:`mode` asks for (build once per settings): the read
         and write lock of the user, or (PERMITS > 1) a permit of the user's semaphore."""
         if self.permits > 1:
-            return {PERMIT: LimitedView(self.lock, permits=self.permits, key=None, timeout=self.timeout,
-                                        anonymous=self.anonymous, decorator="USER_LOCK")}
-        return {mode: LockedView(self.lock, key=None, mode=mode, timeout=self.timeout, anonymous=self.anonymous,
-                                 decorator="USER_LOCK") for mode in (READ, WRITE)}
+            return {PERMIT: LimitSpec(self.lock, permits=self.permits, key=None, timeout=self.timeout,
+                                      anonymous=self.anonymous, decorator="USER_LOCK")}
+        return {mode: LockSpec(self.lock, key=None, mode=mode, timeout=self.timeout, anonymous=self.anonymous,
+                               decorator="USER_LOCK") for mode in (READ, WRITE)}
 
 
 @dataclass(frozen=True)
@@ -167,18 +172,9 @@ def user_lock_settings(value: Any, where: str) -> UserLock | None:
 # -- lock names ---------------------------------------------------------------------------------
 
 
-def key_name(value: object) -> str:
-    """Turn a key value (a URL value, a user id) into a valid lock name: characters a name
-    may not hold are percent-escaped, and a value too long is replaced by its hash."""
-    name = quote(str(value), safe=" !$&'()*+,;=:@~")
-    if len(name) > MAX_NAME_LENGTH:
-        name = "sha256-" + hashlib.sha256(name.encode()).hexdigest()
-    return check_name(name)
-
-
 def user_name(user_id: object) -> str:
     """The lock name of an authenticated user."""
-    return key_name(f"user-{user_id}")
+    return name_for(f"user-{user_id}")
 
 
 #: The session key under which both plugins keep an anonymous visitor's random id.
@@ -256,7 +252,7 @@ class RequestSpec:
     """What a decorated view (or the per-user lock) asks for, validated once when the
     decorator is applied: which family (``name``), which member per request (``key``), how
     long to wait and what to answer. A name that can never be a lock fails here, not per
-    request. :class:`LockedView` holds a lock, :class:`LimitedView` a semaphore's permit."""
+    request. :class:`LockSpec` holds a lock, :class:`LimitSpec` a semaphore's permit."""
 
     #: How the user wrote it, for messages ("@locked", "@limited", "USER_LOCK").
     decorator = "@locked"
@@ -297,9 +293,9 @@ class RequestSpec:
             if self.key not in kwargs:
                 raise opt.fail(f"{self.decorator}({self.name!r}, key={self.key!r}):", f"the view got no URL argument "
                                f"{self.key!r} (it got {sorted(kwargs)})", opt.E_LOCK_OPTION)
-            return key_name(kwargs[self.key])
+            return name_for(kwargs[self.key])
         value = call()
-        return None if value is None else key_name(value)
+        return None if value is None else name_for(value)
 
     def mode_for(self, request: object) -> str:
         """The mode the request holds its target in."""
@@ -317,7 +313,7 @@ class RequestSpec:
         return options.timeout if options.timeout_set else DEFAULT_TIMEOUT
 
 
-class LockedView(RequestSpec):
+class LockSpec(RequestSpec):
     """What ``@locked(name, key=..., mode=..., timeout=...)`` asks for (see :class:`RequestSpec`)."""
 
     def __init__(self, name: str, *, key: Any = None, mode: Any = WRITE, timeout: Any = DEFAULT,
@@ -337,7 +333,7 @@ class LockedView(RequestSpec):
         return registry.lock(self.name) if key == "" else registry.locks(self.name)[key]  # type: ignore[no-any-return]
 
 
-class LimitedView(RequestSpec):
+class LimitSpec(RequestSpec):
     """What ``@limited(name, permits=..., key=..., timeout=0)`` asks for: a permit of the
     ``name`` family's semaphore for the request's key (``key=False``: of the named
     semaphore itself), so that at most ``permits`` requests per key are in flight. Without
@@ -387,15 +383,12 @@ def check_family_name(name: str) -> None:
 
 def enter(lock: Target, mode: str, timeout: float | None, settings: WebSettings, *, retry: int | None = None,
           status: int | None = None, custom: bool = False) -> Refusal | LockTimeout | None:
-    """Acquire for a request (``mode`` "write" or "read"; a semaphore's permit); return
+    """Acquire for a request (``mode`` "write" or "read"; a semaphore's "permit"); return
     None (go on) or the Refusal to answer (a busy lock: 423 or ``status``; no permit left:
     429 or ``status``; an unreachable engine: 503). With ``custom`` (an ON_LOCKED handler
     answers instead), a busy lock returns the LockTimeout for the handler."""
     try:
-        if isinstance(lock, Semaphore):
-            got = lock.try_acquire(timeout)
-        else:
-            got = lock.try_lock(timeout) if mode == WRITE else lock.try_rlock(timeout)
+        got = lock.guard(mode).try_acquire(timeout)
     except EngineUnavailable as exc:
         return unavailable(lock, exc)
     return None if got else _refusal(lock, mode, timeout, settings, retry, status, custom)
@@ -407,10 +400,7 @@ async def aenter(lock: Target, mode: str, timeout: float | None, settings: WebSe
     """:func:`enter` for async views: waits without a thread; a cancelled request (the client
     went away) leaves the queue and holds nothing, and its view never runs."""
     try:
-        if isinstance(lock, Semaphore):
-            got = await lock.atry_acquire(timeout)
-        else:
-            got = await (lock.atry_lock(timeout) if mode == WRITE else lock.atry_rlock(timeout))
+        got = await lock.guard(mode).atry_acquire(timeout)
     except EngineUnavailable as exc:
         return unavailable(lock, exc)
     if _being_cancelled():
@@ -434,7 +424,7 @@ def _being_cancelled() -> bool:
 def _refusal(lock: Target, mode: str, timeout: float | None, settings: WebSettings, retry: int | None,
              status: int | None, custom: bool) -> Refusal | LockTimeout:
     seconds = retry_after(timeout, retry if retry is not None else settings.retry_after)
-    if isinstance(lock, Semaphore):
+    if isinstance(lock, Semaphore):     # a permit refused is "too many", not "locked"
         return limited(lock, seconds, status or LIMITED_STATUS)
     if custom:
         return LockTimeout(f"could not acquire the {mode} lock within {timeout} s", group=lock.group, name=lock.name)
@@ -445,10 +435,7 @@ def leave(lock: Target, mode: str) -> None:
     """Release a request's lock or permit; a lost lease or an unreachable engine is logged,
     never raised (the view has run; its answer stands)."""
     try:
-        if isinstance(lock, Semaphore):
-            lock.release()
-        else:
-            lock.unlock() if mode == WRITE else lock.runlock()
+        lock.guard(mode).release()
     except (LockLost, EngineUnavailable) as exc:
         _left_badly(lock, exc)
 
@@ -456,12 +443,140 @@ def leave(lock: Target, mode: str) -> None:
 async def aleave(lock: Target, mode: str) -> None:
     """:func:`leave` for async views (the release completes even if the request is cancelled)."""
     try:
-        if isinstance(lock, Semaphore):
-            await lock.arelease()
-        else:
-            await (lock.aunlock() if mode == WRITE else lock.arunlock())
+        await lock.guard(mode).arelease()
     except (LockLost, EngineUnavailable) as exc:
         _left_badly(lock, exc)
+
+
+class RequestHold:
+    """The hold of one request on its lock or permit, from before its view to after it: the
+    one enter, run, leave sequence behind the decorators and per-user locks of both
+    plugins, which only translate the refusal into their framework's response::
+
+        with web.RequestHold(lock, mode, timeout, settings, owner=owner) as hold:
+            if hold.refusal is not None:
+                return answer(hold.refusal)
+            return view()
+
+    (``async with`` in async views). Entering acquires as ``owner`` (see :func:`enter`):
+    ``refusal`` is then None (the view runs holding it) or what to answer instead, a
+    :class:`Refusal` or, with ``custom``, the :class:`~ylock.LockTimeout` for the
+    ON_LOCKED handler. Leaving releases quietly (:func:`leave`) unless refused, or calls
+    ``release()`` instead (a release deferred to a transaction's commit). Where a
+    framework splits the request into hooks, :meth:`enter` and :meth:`leave` are the two
+    halves."""
+
+    __slots__ = ("lock", "mode", "timeout", "settings", "retry", "status", "custom", "owner", "release",
+                 "refusal", "_held")
+
+    def __init__(self, lock: Target, mode: str, timeout: float | None, settings: WebSettings, *,
+                 retry: int | None = None, status: int | None = None, custom: bool = False,
+                 owner: str | None = None, release: Callable[[], None] | None = None) -> None:
+        self.lock, self.mode, self.timeout, self.settings = lock, mode, timeout, settings
+        self.retry, self.status, self.custom, self.owner, self.release = retry, status, custom, owner, release
+        self.refusal: Refusal | LockTimeout | None = None
+        self._held = False
+
+    def _scope(self) -> Any:
+        return owner_scope(self.owner) if self.owner is not None else contextlib.nullcontext()
+
+    def enter(self) -> Refusal | LockTimeout | None:
+        """Acquire; return (and keep in ``refusal``) what to answer instead, or None."""
+        with self._scope():
+            self.refusal = enter(self.lock, self.mode, self.timeout, self.settings, retry=self.retry,
+                                 status=self.status, custom=self.custom)
+        self._held = self.refusal is None
+        return self.refusal
+
+    def leave(self) -> None:
+        """Release what :meth:`enter` took (nothing if it was refused; once)."""
+        if not self._held:
+            return
+        self._held = False
+        if self.release is not None:
+            self.release()
+            return
+        with self._scope():
+            leave(self.lock, self.mode)
+
+    async def aenter(self) -> Refusal | LockTimeout | None:
+        """:meth:`enter` for async views (see :func:`aenter`)."""
+        with self._scope():
+            self.refusal = await aenter(self.lock, self.mode, self.timeout, self.settings, retry=self.retry,
+                                        status=self.status, custom=self.custom)
+        self._held = self.refusal is None
+        return self.refusal
+
+    async def aleave(self) -> None:
+        """:meth:`leave` for async views."""
+        if not self._held:
+            return
+        self._held = False
+        if self.release is not None:
+            self.release()
+            return
+        with self._scope():
+            await aleave(self.lock, self.mode)
+
+    def __enter__(self) -> RequestHold:
+        self.enter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.leave()
+
+    async def __aenter__(self) -> RequestHold:
+        await self.aenter()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aleave()
+
+
+class Held:
+    """What one request holds now, innermost last: the targets of its ``@locked`` and
+    ``@limited`` decorators and of the per-user lock, each under the name its decorator
+    or setting gave (the family: ``"accounts"``), while the view runs. Both plugins keep
+    one per request and look it up for ``current_lock()``: the view reaches the lock the
+    request holds (to pass ``lock.token`` to a fenced write) without rebuilding its name."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: list[tuple[str, Target]] = []
+
+    def push(self, name: str, target: Target) -> None:
+        """Record that the request now holds ``target`` of family ``name``."""
+        self._held.append((name, target))
+
+    def pop(self, target: Target) -> None:
+        """Forget the innermost record of ``target`` (the request no longer holds it)."""
+        for i in range(len(self._held) - 1, -1, -1):
+            if self._held[i][1] is target:
+                del self._held[i]
+                return
+
+    @contextlib.contextmanager
+    def holding(self, name: str, target: Target) -> Iterator[None]:
+        """Record ``target`` as held for the duration of the block."""
+        self.push(name, target)
+        try:
+            yield
+        finally:
+            self.pop(target)
+
+    def find(self, name: str | None = None) -> Target:
+        """Return the innermost target held (of family ``name``, if given); raise LookupError
+        saying what the request holds when there is none."""
+        for held_name, target in reversed(self._held):
+            if name is None or held_name == name:
+                return target
+        if not self._held:
+            raise LookupError("this request holds no lock: current_lock() answers inside a view decorated with "
+                              "@locked or @limited, or under the per-user lock (USER_LOCK), while the view runs")
+        holds = ", ".join(repr(n) for n, _ in self._held)
+        raise LookupError(f"this request holds no lock of {name!r}; it holds {holds} (the names given to "
+                          "@locked, @limited or USER_LOCK['LOCK'])")
 
 
 def _left_badly(lock: Target, exc: Exception) -> None:

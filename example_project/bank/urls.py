@@ -10,5 +10,6 @@ urlpatterns = [
     path("accounts/<int:account_id>/async-balance", views.async_balance),
     path("transfer", views.transfer),
     path("audit", views.audit),
+    path("report", views.report),
     path("api/profile", views.api_profile),
 ]

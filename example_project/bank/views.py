@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 import django_ylock
-from bank.models import Account
+from bank.models import Account, ReportRun
 from bank.services import Bank, InsufficientFunds
 
 # The race the demo makes visible: read, think, write.
@@ -64,6 +64,24 @@ def transfer(request: HttpRequest) -> HttpResponse:
     except InsufficientFunds as exc:
         return JsonResponse({"error": str(exc)}, status=409)
     return JsonResponse({"entry": entry.pk, "token": entry.token})
+
+
+#: Seconds the report takes to compute: long enough that a burst of requests all miss the cache.
+REPORT_WORK = 0.3
+
+
+def build_report() -> dict[str, int]:
+    """The expensive report: every balance summed (and each computation recorded)."""
+    total = sum(Account.objects.values_list("balance", flat=True))
+    time.sleep(REPORT_WORK)                    # stands for the real work of a real report
+    run = ReportRun.objects.create(total=total)
+    return {"total": total, "run": run.pk}
+
+
+def report(request: HttpRequest) -> HttpResponse:
+    """The bank report, cached for a minute; on a miss one request in the whole deployment
+    computes it while the others wait for its value (django_ylock.cache, docs/caching.md)."""
+    return JsonResponse(django_ylock.cache.get_or_set("bank-report", build_report, timeout=60, lock_timeout=30))
 
 
 def audit(request: HttpRequest) -> HttpResponse:

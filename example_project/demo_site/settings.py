@@ -40,11 +40,19 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["OPTIONS"]["timeout"] = 30      # many worker processes write to one file
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 SESSION_ENGINE = "django.contrib.sessions.backends.signed_cookies"
+# A cache every process shares (files in <var>/cache): django_ylock.cache.get_or_set computes a
+# cold key once for all of them (with LocMemCache each process would compute its own).
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+                      "LOCATION": str(VAR_DIR / "cache")}}
 
 YLOCK = {
     "LOCKS": {
         "accounts": {"GROUP": "accounts", "TIMEOUT": 10, "LEASE": 30},
         "ledger": {"GROUP": "ledger", "NAME": "global", "TIMEOUT": 10},
+        # The demo's paused holder: a short lease, so that a SIGSTOPped holder loses it quickly.
+        "fencing-demo": {"GROUP": "fencing-demo", "TIMEOUT": 10, "LEASE": 1},
+        # Single-flight caching: one lock per cache key (its LEASE bounds a dead holder's delay).
+        "cache": {"GROUP": "cache", "LEASE": 10},
     },
     # Per-user lock around every /api/ request: a user's requests run one at a time.
     "USER_LOCK": {"LOCK": "users", "PATHS": ["/api/"], "TIMEOUT": 5},

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from celery.signals import worker_process_init
 
 from celery_ylock import LockedTask, signals
 from ylock.testing.fencing import FencedRegister, UnfencedCounter
@@ -165,3 +167,13 @@ def hold_long(self: LockedTask, job: str, marker: str, seconds: float) -> dict[s
           lock={"name": "short", "key": "{job}", "scope": "enqueue"})
 def hold_short_enqueued(self: LockedTask, job: str, marker: str, seconds: float) -> dict[str, Any]:
     return _hold_for(self, marker, seconds)
+
+
+@worker_process_init.connect
+def _without_pump(**kwargs: Any) -> None:
+    """In a pool process of test_prometheus_in_a_prefork_pool[exit]: no pump thread, so that
+    only what celery_ylock does at the process's exit can write its metrics."""
+    if os.environ.get("CELERY_YLOCK_TEST_NO_PUMP"):
+        import ylock.metrics.deferred
+
+        ylock.metrics.deferred._pump = threading.Thread()     # taken for a running pump: never started

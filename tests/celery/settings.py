@@ -24,3 +24,6 @@ ylock = {
         "long": {"LEASE": 60},
     },
 }
+
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):     # the worker of test_prometheus_in_a_prefork_pool
+    ylock["METRICS"] = {"PROMETHEUS": True}

@@ -19,13 +19,15 @@ class Worker:
     """``celery -A <app> worker`` consuming ``queues`` with ``concurrency`` slots of ``pool``."""
 
     def __init__(self, name: str, directory: Path, *, app: str = "tests.celery.app", queues: str = "celery",
-                 concurrency: int = 2, pool: str = "prefork", env: dict[str, str] | None = None) -> None:
+                 concurrency: int = 2, pool: str = "prefork", env: dict[str, str] | None = None,
+                 options: tuple[str, ...] = ()) -> None:
         self.nodename = f"{name}@{socket.gethostname()}"
         self.app = app
         self.queues = queues
         self.concurrency = concurrency
         self.pool = pool
         self.env = dict(os.environ if env is None else env)
+        self.options = options
         self.log = directory / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -37,7 +39,7 @@ class Worker:
         self.log.unlink(missing_ok=True)
         command = [sys.executable, "-m", "celery", "-A", self.app, "worker", "-n", self.nodename,
                    "-Q", self.queues, "-c", str(self.concurrency), "-P", self.pool, "-l", "INFO",
-                   "--without-gossip", "--without-mingle", "--without-heartbeat"]
+                   "--without-gossip", "--without-mingle", "--without-heartbeat", *self.options]
         with open(self.log, "ab") as log:
             # A process group of its own: a SIGKILL to it takes the pool's children too.
             self.proc = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,

@@ -6,6 +6,7 @@ cross-process suite (test_processes.py) repeats the essentials with real process
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -225,6 +226,9 @@ def test_a_release_by_a_former_owner_leaves_the_new_owner_alone(engine, group, m
     assert engine.release(group, "n", "former-owner", mode) is False
     info = next(i for i in engine.describe(group) if i.name == "n")
     assert info.owners == ("new-owner",) and info.mode == mode
+    # The new owner still holds it, on every engine (renewed or session-bound): a writer waits.
+    third = first._replace(owner="third-owner", mode="write", deadline=time.monotonic() + 0.2)
+    assert engine.acquire(third) is None
     if engine.needs_renewal:
         assert engine.renew([RenewItem(group, "n", "new-owner", mode, 30.0)]) == [True]
     assert engine.release(group, "n", "new-owner", mode) is True
@@ -330,8 +334,13 @@ def test_queued_readers_enter_together(engine, group):
         runners.append(runner)
         wait_until(lambda i=i: len(waiters(engine, group, "n")) == i + 1, what="reader queued")
     writer.unlock()
-    inside.wait()             # all three readers hold the lock at the same time
-    done.set()
+    try:
+        inside.wait()             # all three readers hold the lock at the same time
+        info = engine.describe_lock(group, "n")
+        assert info is not None and info.mode == "read" and len(info.owners) == 3, info
+        assert ylock.current_owner() not in info.owners and not info.waiters
+    finally:
+        done.set()
     for runner in runners:
         runner.outcome()
 
@@ -402,11 +411,19 @@ def test_describe_shows_holders_waiters_and_tokens(engine, group):
         infos = [i for i in engine.describe(group) if i.name == "n"]
         assert len(infos) == 1
         info = infos[0]
-        assert info.group == group and info.mode == "write"
+        assert (info.group, info.name, info.kind, info.mode) == (group, "n", "lock", "write")
         assert info.owners == (ylock.current_owner(),)
-        assert info.token == lock.token
+        assert isinstance(info.token, int) and info.token == lock.token
         assert len(info.waiters) == 1 and info.waiters[0].startswith("read:")
-        assert engine.describe(group="nothing-here") is not None
+        assert info.waiters[0] != "read:" + ylock.current_owner()          # the waiter's own owner id
+        assert info.permits is None                                        # a semaphore's only
+        # A lease that runs out says how long it has left; a session-bound hold has no ttl.
+        if engine.needs_renewal:
+            assert info.ttl is None or 0 < info.ttl <= lock.lease, info.ttl
+        else:
+            assert info.ttl is None, info.ttl
+        one = engine.describe_lock(group, "n")                             # the one-lock answer agrees
+        assert one is not None and dataclasses.replace(one, ttl=None) == dataclasses.replace(info, ttl=None)
         assert list(engine.describe(group="nothing-here")) == []
     finally:
         lock.unlock()

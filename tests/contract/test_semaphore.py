@@ -9,12 +9,9 @@ import time
 import pytest
 
 import ylock
-from tests.helpers import Runner, collect, expect_event, wait_until
+from tests.contract import other, sem
+from tests.helpers import Runner, expect_event, wait_until
 from ylock import events
-
-
-def sem(engine: ylock.Engine, group: str, permits: int = 2, name: str = "s", **kw: object) -> ylock.Semaphore:
-    return ylock.Semaphore(engine, group, name, permits=permits, **kw)  # type: ignore[arg-type]
 
 
 def waiting(engine: ylock.Engine, group: str, name: str = "s") -> list[str]:
@@ -22,12 +19,6 @@ def waiting(engine: ylock.Engine, group: str, name: str = "s") -> list[str]:
         if info.kind == "semaphore" and info.name == name:
             return list(info.waiters)
     return []
-
-
-def other(func):  # noqa: ANN001, ANN201
-    runner = Runner(func)
-    runner.start()
-    return runner.outcome()
 
 
 def test_at_most_permits_owners_hold_at_once(engine, group):
@@ -213,67 +204,35 @@ def test_async_permits_and_cancellation(engine, group):
     assert holders == []
 
 
-def test_all_of_takes_locks_and_semaphores_in_one_order(engine, group):
-    a = ylock.Lock(engine, group, "a")
-    b = ylock.Lock(engine, group, "b")
-    s = sem(engine, group, permits=1)
-    with ylock.all_of(b.write(), s.hold(), a.read(), timeout=5):
-        assert a.held("read") and b.held("write") and s.held()
-        busy = other(lambda: ylock.Lock(engine, group, "b").try_lock(0))
-        assert busy is False
-    assert not (a.held() or b.held() or s.held())
+@pytest.mark.parametrize("kind, mode", [("lock", "write"), ("lock", "read"), ("semaphore", "permit")])
+def test_a_guard_holds_the_mode_it_is_given_as_data(engine, group, kind, mode):
+    """``target.guard(mode)``: the one verb that takes the mode (web views, Celery, all_of)."""
+    def target() -> ylock.Lock | ylock.Semaphore:
+        return sem(engine, group, permits=1) if kind == "semaphore" else ylock.Lock(engine, group, "g")
 
+    def rival() -> bool:       # another owner: a writer, or the next permit
+        guard = target().guard("permit" if kind == "semaphore" else "write")
+        got = guard.try_acquire(0)
+        if got:
+            guard.release()
+        return got
 
-def test_all_of_releases_what_it_took_when_one_is_busy(engine, group):
-    a, b = ylock.Lock(engine, group, "a"), ylock.Lock(engine, group, "b")
-    release = threading.Event()
-    held = threading.Event()
+    mine = target()
+    guard = mine.guard(mode, timeout=1)
+    assert (guard.target, guard.mode, guard.timeout) == (mine, mode, 1)
+    assert guard.try_acquire() is True and mine.held() and isinstance(mine.token, int)
+    assert other(rival) is False
+    guard.release()
+    assert not mine.held() and other(rival) is True
 
-    def hold_b() -> None:
-        with ylock.Lock(engine, group, "b").write():
-            held.set()
-            release.wait(10)
-    runner = Runner(hold_b)
-    runner.start()
-    assert held.wait(5)
-    with collect("released") as released:
-        with pytest.raises(ylock.LockTimeout) as info:
-            with ylock.all_of(a.write(), b.write(), timeout=0.3):
-                pytest.fail("entered although b is held")
-    assert info.value.name == "b" and "b" in str(info.value)
-    assert not a.held() and [e.name for e in released if e.group == group] == ["a"]
-    release.set()
-    runner.outcome()
-
-
-# -- holds that change hands ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("kind", ["write", "read", "permit"])
-def test_a_detached_hold_is_adopted_by_another_owner(engine, group, kind):
-    target = sem(engine, group, permits=1) if kind == "permit" else ylock.Lock(engine, group, "s")
-    (target.acquire if kind == "permit" else target.lock if kind == "write" else target.rlock)()
-    token = target.token
-    ticket = target.detach()
-    assert not target.held() and ticket.token == token and ticket.mode == kind
-    roundtrip = type(ticket).from_dict(ticket.as_dict())
-
-    def taken_elsewhere() -> bool:
-        third = sem(engine, group, permits=1) if kind == "permit" else ylock.Lock(engine, group, "s")
-        return not (third.try_acquire() if kind == "permit" else third.try_lock())
-
-    def adopt() -> tuple[int | None, bool, bool]:
-        adopted = (ylock.Semaphore if kind == "permit" else ylock.Lock).adopt(engine, roundtrip)
-        result = (adopted.token, adopted.held(), other(taken_elsewhere))
-        (adopted.release if kind == "permit" else adopted.unlock if kind == "write" else adopted.runlock)()
-        return result
-    adopted_token, held, busy = other(adopt)
-    assert adopted_token == token and held and busy     # a writer waits for the read hold too
-    with pytest.raises(ylock.LockLost, match="adopted already|gone"):
-        ylock.Lock.adopt(engine, ticket)             # a ticket is adopted once
-    assert not [i for i in engine.describe(group) if i.owners]
-
-
+    async def twice() -> bool:
+        got = await guard.atry_acquire()
+        held = mine.held()
+        await guard.arelease()
+        return got and held
+    assert asyncio.run(twice()) is True and not mine.held()
+    with pytest.raises(ylock.ConfigurationError, match="mode"):
+        mine.guard("write" if kind == "semaphore" else "permit")
 # -- what holders are doing --------------------------------------------------------------------
 
 

@@ -29,11 +29,12 @@ import httpx
 import pytest
 
 import ylock
-from ylock.engines import embedded
+from ylock import embedded
 from ylock.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 BIN = Path(sys.executable).parent          # the servers' console scripts (uwsgi) live beside python
 
@@ -71,7 +72,7 @@ def readme_block(section: str, first_line: str, path: Path = README) -> str:
 def django_project(root: Path) -> Path:
     """``django-admin startproject mysite`` in ``root``, then the README's Django quick start
     as a user pastes it: its settings block appended to ``mysite/settings.py``, its views
-    block as ``mysite/views.py``, the Deployment section's health check as
+    block as ``mysite/views.py``, the health check of docs/deployment.md as
     ``mysite/health.py``; plus the tests' counter views and urls (templates/django)."""
     root.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "django", "startproject", "mysite", str(root)], check=True,
@@ -80,7 +81,8 @@ def django_project(root: Path) -> Path:
     with (site / "settings.py").open("a", encoding="utf-8") as fh:
         fh.write("\n\n" + readme_block("Django quick start", "# settings.py"))
     (site / "views.py").write_text(readme_block("Django quick start", "# views.py"), encoding="utf-8")
-    (site / "health.py").write_text(readme_block("Deployment", "# health.py"), encoding="utf-8")
+    (site / "health.py").write_text(readme_block("Health checks", "# health.py", DOCS / "deployment.md"),
+                                   encoding="utf-8")
     for name in ("counter.py", "urls.py"):
         shutil.copy(TEMPLATES / "django" / name, site / name)
     return root
@@ -325,7 +327,8 @@ def embedded_processes(db: Path) -> tuple[list[int], list[int]]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"keep" in cmdline and os.fsencode(real) in cmdline and any(a.endswith(b"embedded.py") for a in cmdline):
+        keeper = any(a.endswith(b"embedded/__main__.py") for a in cmdline)
+        if b"keep" in cmdline and os.fsencode(real) in cmdline and keeper:
             keepers.append(pid)
     return servers, keepers
 

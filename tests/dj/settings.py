@@ -11,6 +11,7 @@ INSTALLED_APPS = [
     "django.contrib.auth",
     "django.contrib.sessions",
     "django_ylock",
+    "tests.fencing.bankapp",      # a model with a FenceField (tests/fencing)
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

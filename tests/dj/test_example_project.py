@@ -30,6 +30,18 @@ def test_demo_loses_updates_without_locks_and_none_with_them(tmp_path):
     assert without and with_lock, result.stdout
     assert int(with_lock.group(1)) == 60 and int(with_lock.group(2)) == 0
     assert int(without.group(2)) > 0          # the race is real: the counter catches a missing lock
+    # A holder SIGSTOPped past its lease: its plain save loses the newer holder's 100, its
+    # fenced save is refused and nothing is lost.
+    plain = re.search(r"plain save\(\): stale write \(token (\d+) < (\d+)\) written -> balance\s+(\d+) of 100",
+                      result.stdout)
+    fenced = re.search(r"fenced_save\(\): stale write \(token (\d+) < (\d+)\) refused \(ylock.FencedOut\) -> "
+                       r"balance\s+(\d+) of 100: nothing lost", result.stdout)
+    assert plain and fenced, result.stdout
+    assert int(plain.group(3)) == 10 and int(fenced.group(3)) == 100
+    assert int(plain.group(1)) < int(plain.group(2)) and int(fenced.group(1)) < int(fenced.group(2))
+    report = re.search(r"cached report: 200 requests from 3 processes on a cold cache -> computed (\d+) time\(s\), "
+                       r"(\d+) distinct answer", result.stdout)
+    assert report and report.groups() == ("1", "1"), result.stdout
 
 
 SMOKE = """
@@ -43,6 +55,7 @@ c = Client()
 print("transfer", c.post("/transfer", {"source": 1, "target": 2, "amount": 30}).json())
 print("overdraw", c.post("/transfer", {"source": 1, "target": 2, "amount": 500}).status_code)
 print("audit", c.get("/audit").json())
+print("report", c.get("/report").json(), c.get("/report").json())
 print("balance", c.get("/accounts/2/balance").json())
 print("async", c.get("/accounts/2/async-balance").json())
 print("on_commit", c.post("/accounts/2/deposit-on-commit").json())
@@ -59,6 +72,7 @@ def test_example_views_show_each_feature(tmp_path):
     out = result.stdout
     assert re.search(r"transfer \{'entry': 1, 'token': \d+\}", out), out
     assert "overdraw 409" in out and "audit {'total': 200}" in out
+    assert re.search(r"report (\{'total': 200, 'run': \d+\}) \1", out), out      # computed once, then cached
     assert "balance {'balance': 130}" in out and "async {'balance': 130}" in out
     assert "on_commit {'balance': 131}" in out and "api 200" in out
     assert re.search(r"metrics 200 \[.*outcome=\"acquired\"\} [1-9]", out), out

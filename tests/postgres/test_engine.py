@@ -334,11 +334,13 @@ def test_connections_are_bounded_and_handed_over_in_order(make_engine, group, ob
 
 def test_a_stale_pooled_connection_is_replaced(make_engine, group, observer):
     engine = make_engine()
-    with lock(engine, group).write(timeout=5):
-        pass
-    observer.execute("SELECT pg_terminate_backend(pid, 1000) FROM pg_stat_activity WHERE application_name = 'ylock'")
-    with lock(engine, group).write(timeout=5):           # the pooled connection is dead: a new one
-        pass
+    with lock(engine, group).write(timeout=5) as first:
+        before = first.token
+    killed = observer.execute("SELECT pg_terminate_backend(pid, 1000) FROM pg_stat_activity "
+                              "WHERE application_name = 'ylock'").fetchall()
+    assert killed and all(row[0] for row in killed), killed      # the pooled connection is dead
+    with lock(engine, group).write(timeout=5) as second:        # ...so a new one takes the lock
+        assert second.held() and second.token > before
 
 
 # -- options ------------------------------------------------------------------------------------------

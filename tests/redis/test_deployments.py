@@ -110,7 +110,7 @@ def test_embedded_server_stops_when_a_threaded_process_exits(tmp_path):
         "        with lock: pass\n"
         "threads = [threading.Thread(target=work) for _ in range(3)]\n"
         "[t.start() for t in threads]; [t.join() for t in threads]\n"
-        "from ylock.engines import embedded\n"
+        "from ylock import embedded\n"
         f"print(embedded.server_info('{tmp_path}/lite.db').pid)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)

@@ -1,4 +1,4 @@
-"""The lock path's direct connections (ylock.engines.redis_direct): a dropped socket is
+"""The lock path's direct connections (ylock.engines.redis.direct): a dropped socket is
 replaced once, an error reply keeps the connection, a timeout never leaves a stale reply
 behind, and threads that come and go do not grow the number of connections."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import redis
 
 import ylock
-from ylock.engines.redis_direct import DirectCalls
+from ylock.engines.redis.direct import DirectCalls
 from ylock.testing.redis import RedisServer
 
 

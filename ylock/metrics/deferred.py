@@ -11,13 +11,16 @@ under the GIL, no lock, no thread wake-up), and applies what is pending:
 - before every read (``snapshot()``, a Prometheus scrape), so readers always see every
   event published before the read;
 - inline on the lock path when :data:`LIMIT` events are pending (the pump is starved), so
-  memory stays bounded without dropping anything.
+  memory stays bounded without dropping anything;
+- at exit (``atexit``), so a worker that a server recycles or stops leaves nothing pending
+  (the Prometheus exporter's multiprocess files then hold every event the worker saw).
 
 Fork safety: a child starts with nothing pending and no pump thread; the pump starts
 again on the child's first event.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import threading
@@ -62,6 +65,11 @@ class Deferred:
 
     # -- off it --------------------------------------------------------------------------
 
+    def tick(self) -> None:
+        """Run on every pass of the pump: apply what is pending (subclasses may add periodic work)."""
+        if self._pending:
+            self.drain()
+
     def drain(self) -> None:
         """Apply every pending event now."""
         with self._drain_mutex:
@@ -97,8 +105,10 @@ def _run_pump(sleep: Callable[[float], None] = time.sleep) -> None:
     while True:
         sleep(PERIOD)
         for subscriber in list(_live):
-            if subscriber._pending:
-                subscriber.drain()
+            try:
+                subscriber.tick()
+            except Exception:  # noqa: BLE001 - the pump must outlive any subscriber's bug
+                logger.exception("ylock metrics: %r failed", subscriber)
 
 
 def drain_all() -> None:
@@ -116,3 +126,4 @@ def _after_fork_in_child() -> None:
 
 
 _after_fork(_after_fork_in_child)   # os.fork() and forks made from C (uWSGI)
+atexit.register(drain_all)

@@ -4,6 +4,10 @@ Each server class starts the system's binary (``redis-server``, ZooKeeper) in a 
 temporary directory on a port picked at run time, checks that the process answering on
 that port is the one it started, and dumps the server's log when asked (tests do so on
 failure). A server that cannot start raises :class:`ServerError`: never a skip.
+
+For tests without a server, :mod:`ylock.testing.local` has an in-memory engine that can
+make a lock busy, itself unavailable or a hold lost, and :mod:`pytest_ylock`
+hands one to each test that asks (docs/testing.md).
 """
 from __future__ import annotations
 

@@ -37,21 +37,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         registry = reg.registry()
-
-        def named_lock(name: str) -> tuple[cli.Target, ylock.Lock]:
-            try:
-                alias = registry.lock_options(name).engine
-                lock = registry.lock(name)
-            except ylock.ConfigurationError as exc:
-                raise cli.CommandFailed(f"invalid YLOCK setting: {exc}") from exc
-            return (alias, lock.engine), lock
-
         console = cli.Console(lambda text: self.stdout.write(text, ending=""), options.get("stdin"))
         command = options.get("command") or [""]
         try:
             with ylock.context(f"manage.py ylock {options['action']} {os.path.basename(command[0])}".rstrip()):
-                code = cli.execute(options["action"], options, console, named_lock=named_lock,
-                                   targets=lambda alias: cli.targets_of(registry.aliases(), registry.engine, alias))
+                code = cli.execute_in(registry, options["action"], options, console)
         except cli.CommandFailed as exc:
             raise CommandError(str(exc), returncode=exc.code) from exc
         except ylock.LockError as exc:

@@ -1,15 +1,13 @@
 """One owner's node on one ZooKeeper lock: first a request (it may wait), then a hold."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from kazoo.protocol.states import EventType
 
 from ylock.engines.base import PERMIT, Mailbox
 from ylock.engines.zookeeper.paths import node_prefix
-
-if TYPE_CHECKING:
-    from ylock.engines.zookeeper.keeper import LockKeeper
 
 
 class ClaimKey(NamedTuple):
@@ -29,11 +27,11 @@ class Claim:
     the waiting acquisition or hand a held claim's event to the keeper, and never block.
     """
 
-    __slots__ = ("keeper", "key", "lockpath", "prefix", "mode", "node", "token", "mailbox", "held", "lost",
+    __slots__ = ("on_held_event", "key", "lockpath", "prefix", "mode", "node", "token", "mailbox", "held", "lost",
                  "released", "own_watched", "recheck", "downgraded", "unsure", "context")
 
-    def __init__(self, keeper: LockKeeper, key: ClaimKey, lockpath: str) -> None:
-        self.keeper = keeper
+    def __init__(self, on_held_event: Callable[[Claim, Any], None], key: ClaimKey, lockpath: str) -> None:
+        self.on_held_event = on_held_event      # the keeper's: what a held claim's watch means
         self.key = key
         self.lockpath = lockpath
         self.prefix = node_prefix(key.mode, key.owner)
@@ -55,7 +53,7 @@ class Claim:
         if self.released:
             return
         if self.held:
-            self.keeper.held_event(self, event)
+            self.on_held_event(self, event)
         elif self.own_watched and event.type == EventType.CHILD and self.mode != PERMIT:
             # A queued writer's or reader's child watch (left by its first look at the
             # children) only matters once it holds, and then only while it does not watch

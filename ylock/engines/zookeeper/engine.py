@@ -196,7 +196,7 @@ class ZooKeeperEngine(Engine):
         Every request is bounded by what is left of the call's budget (the deadline plus
         ``connect_timeout``); waits end at the deadline."""
         lockpath = paths.lock_path(self.root, r.group, r.name, r.mode)
-        claim = Claim(self._keeper, ClaimKey(r.group, r.name, r.owner, r.mode), lockpath)
+        claim = Claim(self._keeper.held_event, ClaimKey(r.group, r.name, r.owner, r.mode), lockpath)
         # A semaphore's node carries the permit count asked for (describe() shows it), and
         # its holders and waiters keep a child watch: any node leaving may let one in.
         permit = r.mode == PERMIT

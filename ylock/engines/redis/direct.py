@@ -506,3 +506,19 @@ class NotifyHub:
 def _settle(future: Any, value: Any) -> None:
     if not future.done():
         future.set_result(value)
+
+
+def cluster_call(client: Any) -> Any:
+    """The hot path's sender on a Cluster: redis-py's own routing (it follows MOVED and
+    refreshes its slot map), whose sockets time out after the socket timeout: a call's
+    budget is not passed down per operation there."""
+    def call(*args: Any, timeout: float | None = None) -> Any:
+        return client.execute_command(*args)
+    return call
+
+
+def async_cluster_call(client: Any) -> Any:
+    """:func:`cluster_call` for a ``redis.asyncio`` Cluster client."""
+    async def call(*args: Any, timeout: float | None = None) -> Any:
+        return await client.execute_command(*args)
+    return call

@@ -9,18 +9,11 @@ import pytest
 import redis
 
 import ylock
-from tests.helpers import LockLoad, Runner, expect_event
+from tests.helpers import LockLoad, expect_event
 from ylock import events
-from ylock.testing.redis import RedisCluster, RedisServer
+from ylock.testing.redis import RedisCluster
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def own_redis():
-    server = RedisServer().start()
-    yield server
-    server.stop()
 
 
 def test_restart_fails_fast_reports_loss_and_recovers(own_redis, group):
@@ -59,61 +52,16 @@ def test_frozen_server_honours_every_timeout(own_redis, group):
     assert lock.try_lock(2) and lock.unlock() is None
 
 
-def test_notify_hands_the_lock_over_without_waiting_for_a_poll(redis_server, group):
-    engine = ylock.engine_from_url(redis_server.url)
-    holder = ylock.Lock(engine, group, "n")
-    holder.lock()
-    slow_polling = ylock.Polling.constant(1.5)     # a poll would take up to 1.5 s
-    acquired_at: list[float] = []
-
-    def wait() -> None:
-        lock = ylock.Lock(engine, group, "n", polling=slow_polling)
-        lock.lock(timeout=10)
-        acquired_at.append(time.monotonic())
-        lock.unlock()
-    runner = Runner(wait)
-    runner.start()
-    from tests.helpers import wait_until, waiters
-    wait_until(lambda: waiters(engine, group, "n"), what="queued")
-    # Queued is enough: a grant pushed before the waiter blocks waits in its list.
-    released = time.monotonic()
-    holder.unlock()
-    runner.outcome()
-    assert acquired_at[0] - released < 0.3         # the release pushed the lock to it
-
-
-def test_ten_thousand_holds_are_renewed_in_few_round_trips(redis_server, group):
-    engine = ylock.engine_from_url(redis_server.url)
-    locks = ylock.Locks(engine, group, lease=3.0)
-    names = [f"n{i}" for i in range(10_000)]
-    batches: list[tuple[int, float]] = []
-    lost = expect_event(events.LOST, group)
-    for name in names:
-        locks.lock(name)
-    try:
-        ylock.WATCHDOG.on_batch = lambda eng, n, secs: batches.append((n, time.monotonic())) if eng is engine else None
-        window_start = time.monotonic()
-        time.sleep(2.0)                             # two renewal periods (lease / 3 = 1 s) go by
-        window = [n for n, at in batches if at >= window_start]
-        ylock.WATCHDOG.on_batch = None
-        assert sum(window) >= 10_000, f"only {sum(window)} renewals in two periods"
-        # each batch is one engine.renew() call: <= 5 pipelines of 2,000 on one server
-        assert len(window) <= 2 * 3, f"{len(window)} batches in two periods"
-        assert not lost.is_set()
-        assert all(not locks[name].lost for name in names[:100])
-    finally:
-        ylock.WATCHDOG.on_batch = None
-        for name in names:
-            locks.unlock(name)
-
-
-def test_sentinel_failover_under_load_does_not_hang(redis_sentinel, group):
+def test_sentinel_failover_under_load_does_not_hang(redis_sentinel, group, tmp_path):
     engine = ylock.engine_from_url(redis_sentinel.url + "?socket_timeout=1")
-    with LockLoad([ylock.Lock(engine, group, f"n{i % 2}", lease=2) for i in range(4)], timeout=1) as load:
+    locks = [ylock.Lock(engine, group, f"n{i % 2}", lease=2) for i in range(4)]
+    with LockLoad(locks, timeout=1, directory=tmp_path) as load:
         redis_sentinel.failover()
         load.progress(20, timeout=20, what="progress after the failover")    # the engine follows the new master
-        load.stop(join=10)
-    print("sentinel failover outcomes:", load.outcomes)
+        # The replica promoted may not have the last grants (Redis replicates asynchronously):
+        # no fenced update may be lost, but two holders may overlap across the promotion.
+        verdicts = load.stop(join=10, strict=False)
+    print("sentinel failover outcomes:", load.outcomes, verdicts)
 
 
 def test_cluster_master_killed_fails_within_timeouts():

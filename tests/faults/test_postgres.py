@@ -53,7 +53,7 @@ def start_holder(url: str, group: str, lease: float, register: str) -> tuple[mul
     return proc, parent, token
 
 
-def test_a_killed_holder_frees_the_lock_at_once(postgres_server, group, tmp_path, figure):
+def test_a_killed_holder_frees_the_lock_at_once(postgres_server, group, tmp_path, figures):
     proc, pipe, _ = start_holder(postgres_server.url, group, 30.0, str(tmp_path / "r.json"))  # keep the pipe:
     engine = ylock.engine_from_url(postgres_server.url)                                      # it exits without it
 
@@ -72,11 +72,11 @@ def test_a_killed_holder_frees_the_lock_at_once(postgres_server, group, tmp_path
     engine.close()
     proc.join(5)
     pipe.close()
-    figure(f"holder SIGKILLed (lease 30 s): lock free after {freed * 1000:.1f} ms")
+    figures(f"holder SIGKILLed (lease 30 s): lock free after {freed * 1000:.1f} ms")
     assert freed < 0.5
 
 
-def test_a_killed_waiter_leaves_the_queue(postgres_server, group, figure):
+def test_a_killed_waiter_leaves_the_queue(postgres_server, group, figures):
     engine = ylock.engine_from_url(postgres_server.url)
     holder = ylock.Lock(engine, group, "n")
     holder.lock()
@@ -89,7 +89,7 @@ def test_a_killed_waiter_leaves_the_queue(postgres_server, group, figure):
     os.kill(proc.pid, signal.SIGKILL)
     killed = time.monotonic()
     wait_until(lambda: waiters(engine, group, "n") == [], timeout=5, what="the dead waiter left the queue")
-    figure(f"waiter SIGKILLed: out of the server's queue after {time.monotonic() - killed:.2f} s "
+    figures(f"waiter SIGKILLed: out of the server's queue after {time.monotonic() - killed:.2f} s "
            "(client_connection_check_interval 1 s)")
     holder.unlock()
     engine.close()
@@ -97,7 +97,7 @@ def test_a_killed_waiter_leaves_the_queue(postgres_server, group, figure):
 
 
 @pytest.mark.parametrize("scope", ["session", "transaction"])
-def test_a_holder_paused_past_its_lease_is_fenced_off_and_told(postgres_server, group, tmp_path, figure, scope):
+def test_a_holder_paused_past_its_lease_is_fenced_off_and_told(postgres_server, group, tmp_path, figures, scope):
     url = f"{postgres_server.url}?scope={scope}"
     register = str(tmp_path / "register.json")
     fenced = FencedRegister(register)
@@ -131,12 +131,12 @@ def test_a_holder_paused_past_its_lease_is_fenced_off_and_told(postgres_server, 
     state = fenced.state()
     assert state.value == "successor" and state.rejected == 1
     engine.close()
-    figure(f"holder SIGSTOPped, scope={scope}, lease 1 s: lock taken over after {freed:.2f} s; "
+    figures(f"holder SIGSTOPped, scope={scope}, lease 1 s: lock taken over after {freed:.2f} s; "
            "the stale holder's write was rejected and it was told lost")
     assert 0.6 <= freed < 2.5
 
 
-def test_a_server_restart_loses_holds_and_the_engine_recovers(postgres_server, group, figure):
+def test_a_server_restart_loses_holds_and_the_engine_recovers(postgres_server, group, figures):
     engine = ylock.engine_from_url(postgres_server.url)
     lost = expect_event(events.LOST, group)
     holder = ylock.Lock(engine, group, "n", lease=1.5)
@@ -147,7 +147,7 @@ def test_a_server_restart_loses_holds_and_the_engine_recovers(postgres_server, g
     restarted = time.monotonic()
     postgres_server.restart()
     assert lost.wait(5), "the restart did not make the hold lost"
-    figure(f"server restart: holder told lost after {time.monotonic() - restarted:.2f} s (lease 1.5 s)")
+    figures(f"server restart: holder told lost after {time.monotonic() - restarted:.2f} s (lease 1.5 s)")
     with pytest.raises(ylock.LockLost):
         holder.unlock()
     again = ylock.Lock(engine, group, "n")
@@ -157,7 +157,7 @@ def test_a_server_restart_loses_holds_and_the_engine_recovers(postgres_server, g
     engine.close()
 
 
-def test_a_network_that_drops_everything_bounds_every_call(postgres_server, group, figure):
+def test_a_network_that_drops_everything_bounds_every_call(postgres_server, group, figures):
     with TcpProxy(postgres_server.port) as proxy:
         url = postgres_server.url.replace(f":{postgres_server.port}/", f":{proxy.port}/")
         engine = ylock.engine_from_url(url + "?socket_timeout=1&connect_timeout=1&idle_connections=4")
@@ -205,7 +205,7 @@ def test_a_network_that_drops_everything_bounds_every_call(postgres_server, grou
             proxy.heal()
         with ylock.Lock(engine, group, "after").write(timeout=10):
             pass
-        figure(f"network dropped (lease 2 s): calls failed within timeout + socket_timeout (1 s); "
+        figures(f"network dropped (lease 2 s): calls failed within timeout + socket_timeout (1 s); "
                f"the cut-off holder's lock was free after {freed:.2f} s")
         engine.close()
         direct.close()

@@ -1,5 +1,7 @@
-"""The ZooKeeper engine against real servers: processes, session loss, leader and quorum
-loss, and storage that shrinks back."""
+"""Faults of ZooKeeper servers and sessions: a holder killed, a session expired, the leader
+killed under load (the holds journalled: exclusion across the election), the quorum lost, a
+force-release right after the acquisition. The engine's other behaviour on a real server is
+in tests/zookeeper/test_engine.py."""
 from __future__ import annotations
 
 import multiprocessing
@@ -7,11 +9,9 @@ import os
 import signal
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
 
 import ylock
 from tests.helpers import LockLoad, expect_event, wait_until
@@ -21,18 +21,6 @@ from ylock.testing.zookeeper import ZooKeeperEnsemble
 
 pytestmark = pytest.mark.slow
 spawn = multiprocessing.get_context("spawn")
-
-
-def test_processes_lose_no_update(zookeeper_server, group, tmp_path):
-    path = tmp_path / "counter"
-    path.write_text("0")
-    url = zookeeper_server.url("/procs")
-    with ProcessPoolExecutor(3, mp_context=spawn) as pool:
-        results = [f.result(timeout=120) for f in [pool.submit(workers.counter, url, group, str(path), 25)
-                                                   for _ in range(3)]]
-    assert int(path.read_text()) == 75
-    tokens = sorted(t for r in results for t in r)
-    assert len(set(tokens)) == 75                      # czxid tokens: one per hold, all distinct
 
 
 def test_killed_holder_frees_the_lock_within_the_session_timeout(zookeeper_server, group):
@@ -76,48 +64,19 @@ def test_expired_session_marks_holds_lost(zookeeper_server, group):
     lock.unlock()
 
 
-def test_storage_shrinks_back_after_many_names(zookeeper_server, group):
-    engine = ylock.engine_from_url(zookeeper_server.url("/storage") + "?idle=0.5")
-    zk = KazooClient(hosts=zookeeper_server.hosts)
-    zk.start(timeout=10)
-    try:
-        def count() -> int:
-            total, stack = 0, ["/storage"]     # this test's chroot (other tests tidy theirs)
-            while stack:
-                node = stack.pop()
-                try:
-                    children = zk.get_children(node)
-                except NoNodeError:               # deleted by the reaper while we walk
-                    continue
-                total += len(children)
-                stack.extend(f"{node}/{c}" for c in children)
-            return total
-        engine.ping()                                  # creates the chroot and root
-        start = count()
-        assert start == 1                              # /storage/ylock
-        locks = ylock.Locks(engine, group)
-        for i in range(10_000):
-            with locks.write(f"user-{i}"):
-                pass
-        # kazoo leaves every lock's parent znode behind; the engine's reaper deletes those
-        # that stayed unused for the idle period (it was already at work during the loop).
-        wait_until(lambda: count() == start, timeout=15, what="lock parents reaped")
-    finally:
-        zk.stop()
-        zk.close()
-        engine.close()
-
-
-def test_leader_killed_under_load_nothing_hangs(group):
+def test_leader_killed_under_load_nothing_hangs(group, tmp_path):
     ensemble = ZooKeeperEnsemble(3).start()
     try:
         engine = ylock.engine_from_url(ensemble.url("/leader") + "?session_timeout=4")
-        with LockLoad([ylock.Lock(engine, group, f"n{i % 2}") for i in range(3)], timeout=2) as load:
+        locks = [ylock.Lock(engine, group, f"n{i % 2}") for i in range(3)]
+        with LockLoad(locks, timeout=2, directory=tmp_path) as load:
             load.progress(20, timeout=10, what="load running")
             ensemble.leader().stop()
             load.progress(20, timeout=45, what="progress after the leader died")
-            load.stop(join=15)
-        print("leader killed:", load.outcomes)
+            # ZooKeeper's writes go through a quorum: a new leader has every grant, so the
+            # holds exclude each other across the election (a holder whose session ended is told).
+            verdicts = load.stop(join=15)
+        print("leader killed:", load.outcomes, verdicts)
     finally:
         ensemble.stop()
 
@@ -188,12 +147,3 @@ def _take_and_give_back(engine: ylock.Engine, group: str, name: str) -> None:
     lock = ylock.Lock(engine, group, name)
     if lock.try_lock(5):
         lock.unlock()
-
-
-def test_bad_options_are_configuration_errors_that_name_them():
-    with pytest.raises(ylock.ConfigurationError, match=r"unknown ZooKeeper engine option bogus \(known: "):
-        ylock.engine_from_url("zookeeper://127.0.0.1:2181/x", bogus=1)
-    with pytest.raises(ylock.ConfigurationError, match="unknown zookeeper URL option bogus"):
-        ylock.engine_from_url("zookeeper://127.0.0.1:2181/x?bogus=1")
-    with pytest.raises(ylock.ConfigurationError, match="session_timeout must be a number of seconds"):
-        ylock.engine_from_url("zookeeper://127.0.0.1:2181/x?session_timeout=-1")

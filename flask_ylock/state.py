@@ -1,0 +1,55 @@
+"""One Flask app's ylock state, kept in ``app.extensions["ylock"]`` (never on the extension
+object, so one ``YLock()`` serves several apps), and :func:`state`, which finds it."""
+from __future__ import annotations
+
+import re
+
+from flask import Flask, current_app, has_app_context
+
+import ylock
+import ylock.metrics
+from flask_ylock.config import settings_from_app, web_settings_from_app, where
+from ylock.registry import TOP_KEYS, Registry
+
+
+class State:
+    """One app's ylock state: its registry of engines and locks, web settings and metrics."""
+
+    def __init__(self, app: Flask) -> None:
+        # Validate everything before starting anything (exporters are process-wide).
+        self.settings = settings_from_app(app)
+        self.registry = Registry(self.settings, where="YLOCK")
+        try:
+            self.registry.validate(known=TOP_KEYS)
+        except ylock.ConfigurationError as exc:
+            raise in_config_terms(exc, app) from exc
+        self.web = web_settings_from_app(app)
+        self.secret = app.secret_key
+        ylock.metrics.validate(self.settings["METRICS"], setting=where("METRICS"))
+        self.metrics = ylock.metrics.configure(self.settings["METRICS"], setting=where("METRICS"))
+        self.user_locks = None if self.web.user_lock is None else self.web.user_lock.specs()
+
+
+def in_config_terms(exc: ylock.ConfigurationError, app: Flask) -> ylock.ConfigurationError:
+    """The registry's error, naming the ``app.config`` keys the user wrote: the registry
+    reads a Django-shaped dict (``YLOCK['LOCKS']['accounts']``), the user wrote
+    ``YLOCK_LOCKS['accounts']`` (and ``YLOCK_URL``, when the default engine came from it)."""
+    def rename(text: str) -> str:
+        if app.config.get("YLOCK_ENGINES") is None:
+            text = text.replace("YLOCK['ENGINES']['default']", "YLOCK_URL")
+        return re.sub(r"YLOCK\['(ENGINES|LOCKS|METRICS)'\]", r"YLOCK_\1", text)
+    return ylock.ConfigurationError(rename(exc.problem), code=exc.code, hint=rename(exc.hint))
+
+
+def state(app: Flask | None = None) -> State:
+    """Return the ylock state of ``app`` (default: the current app); raise an actionable error if none."""
+    if app is None:
+        if not has_app_context():
+            raise RuntimeError("flask_ylock needs an application context: call this inside a request, "
+                               "a CLI command or `with app.app_context():`")
+        app = current_app._get_current_object()  # type: ignore[attr-defined]
+    try:
+        return app.extensions["ylock"]  # type: ignore[no-any-return]
+    except KeyError:
+        raise RuntimeError(f"ylock is not initialised on app {app.name!r}: did you forget to call "
+                           "`ylock.init_app(app)` (or `YLock(app)`)?") from None

