@@ -36,7 +36,10 @@ def test_restart_keeps_the_session_and_the_hold(zookeeper, engines, journal, gro
     The waiter's engine has ``connect_timeout=8``; with the default 2 s a queued waiter rides
     out the restart too (next test): it waits for the connection within its deadline."""
     url = zookeeper.url(f"/{group}") + "?session_timeout=10"
-    holder_engine, admin = engines(zookeeper.url(f"/{group}") + f"?session_timeout={session}"), engines(url)
+    # suspended=wait: a standalone server's restart keeps sessions, so the holder may wait for
+    # it; the default guard would call the hold lost after half its session timeout.
+    holder_engine = engines(zookeeper.url(f"/{group}") + f"?session_timeout={session}&suspended=wait")
+    admin = engines(url)
     waiter_engine = engines(url + "&connect_timeout=8")
     h = ylock.Lock(holder_engine, group, "n")
     h.lock()
@@ -75,7 +78,8 @@ def test_queued_waiter_rides_out_a_restart_within_its_deadline(zookeeper, engine
     waiter waits for the connection to come back (within its deadline) and looks again", says
     the engine's docstring)."""
     url = zookeeper.url(f"/{group}") + "?session_timeout=10"
-    holder_engine, waiter_engine, admin = engines(url), engines(url), engines(url)
+    # suspended=wait: the holder waits out the restart (the guard could call it lost at 5 s).
+    holder_engine, waiter_engine, admin = engines(url + "&suspended=wait"), engines(url), engines(url)
     h = ylock.Lock(holder_engine, group, "n")
     h.lock()
     w = Runner(lambda: take(ylock.Lock(waiter_engine, group, "n"), journal, "W", timeout=30))
@@ -96,7 +100,9 @@ def test_holder_cut_off_past_its_session_across_a_restart_is_lost(zookeeper, eng
     its session expires, the waiter (reconnected) gets the lock, and the holder, which kept
     writing meanwhile, is fenced off and told it lost the lock once it can reach the server."""
     proxy = proxy_to(zookeeper.port)
-    holder_engine = engines(f"zookeeper://{proxy.address}/{group}?session_timeout=2")
+    # suspended=wait: the loss learnt on reconnection (with the default guard the holder is
+    # told before the waiter's grant: tests/faults/test_zookeeper_guard.py)
+    holder_engine = engines(f"zookeeper://{proxy.address}/{group}?session_timeout=2&suspended=wait")
     waiter_engine = engines(zookeeper.url(f"/{group}") + "?session_timeout=10&connect_timeout=8")
     admin = engines(zookeeper.url(f"/{group}"))
     inside = threading.Event()

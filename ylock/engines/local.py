@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ylock.engines import redact
 from ylock.engines.base import (
     LOCK,
     PERMIT,
@@ -156,7 +157,7 @@ class LocalEngine(Engine):
 
     def __init__(self, url: str = "local://") -> None:
         if url.rstrip("/") != "local:":
-            raise ConfigurationError(f"a local engine's URL is local://, got {url!r}", code=E_ENGINE_URL)
+            raise ConfigurationError(f"a local engine's URL is local://, got {redact(url)!r}", code=E_ENGINE_URL)
         super().__init__()
         self._mutex = threading.Lock()
         self._states: dict[tuple[str, str, str], _State] = {}    # (kind, group, name)

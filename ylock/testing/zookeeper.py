@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ylock.testing import ServerError, ServerProcess, free_port
+from ylock.testing.proxy import TcpProxy
 
 JAR = os.environ.get("YLOCK_ZOOKEEPER_JAR", "/usr/share/java/zookeeper.jar")
 # Debian's zookeeper.jar logs through SLF4J but ships no binding (its log would be empty);
@@ -276,3 +277,101 @@ class ZooKeeperEnsemble:
 
     def __repr__(self) -> str:
         return f"<ZooKeeperEnsemble {self.hosts}>"
+
+
+class PartitionableEnsemble:
+    """A ZooKeeper ensemble whose every link goes through a :class:`~ylock.testing.proxy.TcpProxy`
+    the test controls: each server's config names the *other* servers at proxies (one per
+    direction and port: quorum and election), and each server's client port has a proxy too.
+    :meth:`partition` cuts one server off from the others (its client link stays up),
+    :meth:`heal` joins it again.
+
+    Servers are numbered from 1; ``link(i, j)`` are the proxies server ``i`` uses to reach
+    server ``j`` (quorum, election), ``client(i)`` the proxy in front of server ``i``'s
+    client port.
+    """
+
+    def __init__(self, size: int = 3, tick: int = 200) -> None:
+        base = Path(tempfile.mkdtemp(prefix="ylock-zk-partition-"))
+        self.nodes = [ZooKeeperNode(base / str(i), sid=i, tick=tick) for i in range(1, size + 1)]
+        real = {n.sid: (free_port(), free_port()) for n in self.nodes}
+        self.links: dict[tuple[int, int], tuple[TcpProxy, TcpProxy]] = {}
+        for n in self.nodes:
+            for m in self.nodes:
+                if m is not n:
+                    self.links[n.sid, m.sid] = (TcpProxy(real[m.sid][0]), TcpProxy(real[m.sid][1]))
+        self.clients = {n.sid: TcpProxy(n.port) for n in self.nodes}
+        self._real = real
+
+    def _proxies(self) -> list[TcpProxy]:
+        return [p for pair in self.links.values() for p in pair] + list(self.clients.values())
+
+    def start(self, timeout: float = 90.0) -> PartitionableEnsemble:
+        for proxy in self._proxies():
+            proxy.start()
+        for n in self.nodes:
+            lines = []
+            for m in self.nodes:
+                quorum, election = self._real[m.sid] if m is n else \
+                    (self.links[n.sid, m.sid][0].port, self.links[n.sid, m.sid][1].port)
+                lines.append(f"server.{m.sid}=127.0.0.1:{quorum}:{election}")
+            n.servers = lines
+            n.start()
+        try:
+            _wait(self.nodes, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def node(self, sid: int) -> ZooKeeperNode:
+        return self.nodes[sid - 1]
+
+    def link(self, i: int, j: int) -> tuple[TcpProxy, TcpProxy]:
+        return self.links[i, j]
+
+    def client(self, sid: int) -> TcpProxy:
+        return self.clients[sid]
+
+    def hosts(self, *sids: int) -> str:
+        """The client proxies' addresses of servers ``sids`` (all by default), as kazoo takes them."""
+        return ",".join(self.clients[s].address for s in (sids or [n.sid for n in self.nodes]))
+
+    def url(self, *sids: int, chroot: str = "") -> str:
+        return f"zookeeper://{self.hosts(*sids)}{chroot}"
+
+    def leader(self) -> ZooKeeperNode:
+        for n in self.nodes:
+            if n.mode() == "leader":
+                return n
+        raise ServerError("the ensemble has no leader")
+
+    def partition(self, sid: int) -> None:
+        """Cut server ``sid`` off from every other server, both ways, quorum and election links
+        (a black hole: packets vanish, connections stay open); its client link stays up."""
+        for (i, j), pair in self.links.items():
+            if sid in (i, j):
+                for proxy in pair:
+                    proxy.drop()
+
+    def heal(self) -> None:
+        """Forward every quorum and election link again."""
+        for pair in self.links.values():
+            for proxy in pair:
+                proxy.heal()
+
+    def wait_serving(self, timeout: float = 60.0) -> None:
+        """Wait until every server serves (after :meth:`heal`, the cut-off one rejoins)."""
+        _wait(self.nodes, timeout)
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+        for proxy in self._proxies():
+            proxy.stop()
+
+    def read_log(self) -> str:
+        return "\n".join(f"--- server {n.sid} ---\n{n.read_log()}" for n in self.nodes)
+
+    def __repr__(self) -> str:
+        return f"<PartitionableEnsemble {self.hosts()}>"

@@ -97,10 +97,15 @@ class ZooKeeperEngine(Engine):
     url_options = URL_OPTIONS
 
     def __init__(self, url: str, *, session_timeout: float = 10.0, connect_timeout: float = 2.0,
-                 root: str = "/ylock", idle: float = 2.0) -> None:
+                 root: str = "/ylock", idle: float = 2.0, suspended: str = "guard",
+                 lost_after: float = 0.5, acl: str | None = None, tls: bool | None = None, ca: str | None = None,
+                 certfile: str | None = None, keyfile: str | None = None, verify_certs: bool = True,
+                 check_hostname: bool | None = None) -> None:
         super().__init__()
-        self.settings = settings = parse_url(url, session_timeout=session_timeout,
-                                             connect_timeout=connect_timeout, root=root, idle=idle)
+        self.settings = settings = parse_url(url, session_timeout=session_timeout, connect_timeout=connect_timeout,
+                                             root=root, idle=idle, suspended=suspended, lost_after=lost_after,
+                                             acl=acl, tls=tls, ca=ca, certfile=certfile, keyfile=keyfile,
+                                             verify_certs=verify_certs, check_hostname=check_hostname)
         self.url = settings.url
         self.hosts = settings.hosts
         self.auth = settings.auth
@@ -112,7 +117,9 @@ class ZooKeeperEngine(Engine):
 
     def _reset_state(self) -> None:
         self._session = Session(self, self.settings, on_connected=lambda: self._keeper.wake(),
-                                on_lost=lambda: self._keeper.mark_all_lost())
+                                on_lost=lambda: self._keeper.mark_all_lost(),
+                                on_abandon=lambda: self._keeper.abandon_all(),
+                                has_holds=lambda: bool(self._keeper.claims))
         self._keeper = LockKeeper(self._session)
         self._inspector = Inspector(self._session)
         self._do = functools.partial(ops.do, self._session)
@@ -134,6 +141,13 @@ class ZooKeeperEngine(Engine):
     def client(self) -> KazooClient:
         """The kazoo client (started on first use; it may not be connected yet)."""
         return self._session.client()
+
+    @property
+    def negotiated_session_timeout(self) -> float | None:
+        """The session timeout the server granted at the last connection, in seconds (it may
+        lower or raise ``session_timeout`` into its own bounds), or None before the first
+        connection or with ``suspended=wait``. The quorum guard reckons with it."""
+        return self._session.guard.negotiated_timeout
 
     def ping(self) -> None:
         """Raise EngineUnavailable unless the server answers; make sure the root znode exists."""

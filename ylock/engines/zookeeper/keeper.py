@@ -76,6 +76,7 @@ class LockKeeper:
             self._released.pop(claim.lockpath, None)
         while (event := claim.mailbox.take()) is not None:     # watches that fired while we decided
             self.held_event(claim, event)
+        self.session.guard.arm()
         return claim.token
 
     def take(self, key: ClaimKey) -> Claim | None:
@@ -96,6 +97,18 @@ class LockKeeper:
             claims = list(self.claims.values())
         for claim in claims:
             claim.lost = True
+
+    def abandon_all(self) -> None:
+        """Mark every held claim lost and delete its node once connected: the session may
+        have expired on the quorum (the guard), though it may as well live on; a hold told
+        lost must not go on holding, nor block others, if it does."""
+        with self.mutex:
+            for claim in self.claims.values():
+                if not claim.lost and not claim.released:
+                    claim.lost = True
+                    if claim.node is not None:
+                        self._orphans.add(claim.node)
+        self.start(wake=True)
 
     def expire(self, key: ClaimKey, lease: float) -> None:
         """Release the detached hold ``key`` unless it is adopted within ``lease`` seconds."""
