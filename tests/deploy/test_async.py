@@ -222,9 +222,9 @@ def test_a_request_whose_cancellation_was_lost_never_runs_its_view(monkeypatch):
     given back and the request ends cancelled; its view does not run."""
     engine = ylock.engine_from_url("local://")
     lock = ylock.Lock(engine, "swallowed")
-    real = ylock.Lock.atry_lock
+    real = ylock.Guard.atry_acquire      # what web.aenter waits with (lock.guard(mode))
 
-    async def swallowing(self: ylock.Lock, timeout: float | None = 0.0) -> bool:
+    async def swallowing(self: ylock.Guard, timeout: float | None = 0.0) -> bool:
         asyncio.current_task().cancel()       # the client went away...
         try:
             await asyncio.sleep(0)
@@ -232,7 +232,7 @@ def test_a_request_whose_cancellation_was_lost_never_runs_its_view(monkeypatch):
             pass                              # ...and the cancellation was lost on the way
         return await real(self, timeout)
 
-    monkeypatch.setattr(ylock.Lock, "atry_lock", swallowing)
+    monkeypatch.setattr(ylock.Guard, "atry_acquire", swallowing)
 
     async def request() -> None:
         await web.aenter(lock, "write", 1.0, web.WebSettings())
