@@ -24,6 +24,7 @@ WAITERS = 8         # requests queued for the key's lock before the computation 
 
 
 def serve_and_burst(tmp_path: Path, redis_server, fail_first: bool) -> tuple[list[str], collections.Counter, list]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     site = tmp_path / "site"
     shutil.copytree(SITE, site)
     count_file = tmp_path / "computed"
@@ -43,14 +44,23 @@ def serve_and_burst(tmp_path: Path, redis_server, fail_first: bool) -> tuple[lis
 
 
 def test_a_cold_key_under_200_requests_is_computed_once(tmp_path, redis_server):
-    computed, codes, bodies = serve_and_burst(tmp_path, redis_server, fail_first=False)
-    assert len(computed) == 1, f"computed {len(computed)} times, by {computed}"
-    assert codes == {200: REQUESTS}, dict(codes)
-    values = {(b["value"]["computed_by"], b["value"]["queued"]) for b in bodies}
-    assert len(values) == 1, values
-    (by, queued), = values
-    assert str(by) == computed[0] and queued >= WAITERS
-    assert len({b["pid"] for b in bodies}) > 1, "one worker answered every request"
+    # Which worker accepts a connection is the kernel's choice: on a busy machine one worker
+    # may take the whole burst, which proves nothing across processes. Every burst must
+    # compute once; a burst that one worker answered alone is run again on a fresh server
+    # (at most three times) until several workers shared it.
+    workers: set[int] = set()
+    for attempt in range(3):
+        computed, codes, bodies = serve_and_burst(tmp_path / str(attempt), redis_server, fail_first=False)
+        assert len(computed) == 1, f"computed {len(computed)} times, by {computed}"
+        assert codes == {200: REQUESTS}, dict(codes)
+        values = {(b["value"]["computed_by"], b["value"]["queued"]) for b in bodies}
+        assert len(values) == 1, values
+        (by, queued), = values
+        assert str(by) == computed[0] and queued >= WAITERS
+        workers = {b["pid"] for b in bodies}
+        if len(workers) > 1:
+            break
+    assert len(workers) > 1, "one worker answered every request, three bursts running"
 
 
 def test_a_computation_that_raises_lets_exactly_one_other_request_retry(tmp_path, redis_server):
