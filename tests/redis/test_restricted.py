@@ -327,3 +327,9 @@ def test_documented_acl_through_sentinel_with_wait_replicas(redis_sentinel, grou
     finally:
         for server in servers:
             server.acl_deluser("ylock-sentinel")
+
+
+def test_acl_line_is_the_rules_after_the_user():
+    from ylock.engines.redis import acl_line
+
+    assert acl_line("app1", "u", "pw").split() == ["ACL", "SETUSER", "u", "on", ">pw", *acl_rules("app1")]
