@@ -22,6 +22,7 @@ import redis
 import ylock
 from tests.helpers import wait_until
 from ylock.engines.redis import ACL_COMMANDS, acl_rules
+from ylock.engines.redis.direct import refused
 from ylock.engines.redis.scripts import SOURCES
 from ylock.testing.redis import RedisServer
 
@@ -333,3 +334,18 @@ def test_acl_line_is_the_rules_after_the_user():
     from ylock.engines.redis import acl_line
 
     assert acl_line("app1", "u", "pw").split() == ["ACL", "SETUSER", "u", "on", ">pw", *acl_rules("app1")]
+
+
+@pytest.mark.parametrize(("message", "never"), [
+    ("NOPERM this user has no permissions to run the 'blpop' command", True),
+    ("ERR unknown command 'BLPOP', with args beginning with: ", True),
+    ("CROSSSLOT Keys in request don't hash to the same slot", True),
+    ("READONLY You can't write against a read only replica.", False),
+    ("OOM command not allowed when used memory > 'maxmemory'.", False),
+    ("LOADING Redis is loading the dataset in memory", False),
+])
+def test_only_a_refusal_for_good_turns_blocking_off(message, never):
+    # A failover's READONLY or a full server's OOM passes; an ACL's NOPERM does not.
+    from redis._parsers import _RESP2Parser
+
+    assert refused(_RESP2Parser.parse_error(message)) is never

@@ -347,6 +347,18 @@ class Refusals:
                        command, exc, consequence, fix)
 
 
+def refused(exc: BaseException) -> bool:
+    """Whether an error reply means the server will never run the command for this user
+    (an ACL, a proxy that does not know it or will not take keys of several slots), rather
+    than not now (a READONLY replica after a failover, LOADING, TRYAGAIN...)."""
+    if isinstance(exc, (rex.NoPermissionError, rex.ClusterCrossSlotError)):   # redis-py strips their prefix
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, rex.ResponseError) and any(
+        sign in text for sign in ("noperm", "no permissions", "unknown command", "unknown subcommand",
+                                  "unsupported command"))
+
+
 _BLPOP_REFUSED = ("waiters no longer block for their grants but poll (a handoff can take up to one poll interval)",
                   "ACL SETUSER <user> +blpop (and keys ~<prefix>:*)")
 _WAKE_REFUSED = ("a waiter that joins a shared wait is watched within 50 ms instead of at once",
@@ -417,9 +429,11 @@ class ThreadNotifyHub:
         if key not in self.waiting and self._alone.acquire(blocking=False):
             try:
                 return self.calls("BLPOP", key, timeout, timeout=socket_timeout)
-            except rex.ResponseError as exc:      # an error reply: the server will not block for us
+            except rex.ResponseError as exc:
+                if not refused(exc):
+                    raise
                 self.refusals.note("BLPOP", exc, *_BLPOP_REFUSED)
-                time.sleep(timeout)
+                time.sleep(timeout)           # polling: the next try reads the lock's keys
                 return None
             finally:
                 self._alone.release()
@@ -455,11 +469,11 @@ class ThreadNotifyHub:
     def _wake(self) -> None:
         try:
             self.calls.many(("LPUSH", self.wake_key, "1"), ("PEXPIRE", self.wake_key, WAKE_TTL_MS))
-        except rex.ResponseError as exc:
-            self.refusals.note("LPUSH", exc, *_WAKE_REFUSED)
-            self._block = 0.05          # no wake-ups: block briefly, so new keys are watched soon
-        except rex.RedisError:
-            pass                        # the hub finds out on its own connection
+        except rex.RedisError as exc:
+            if refused(exc):
+                self.refusals.note("LPUSH", exc, *_WAKE_REFUSED)
+                self._block = 0.05      # no wake-ups: block briefly, so new keys are watched soon
+            # else: the hub finds out on its own connection
 
     def _run(self) -> None:
         conn = None
@@ -488,7 +502,7 @@ class ThreadNotifyHub:
                             slot.value = reply
                             slot.event.set()
         except BaseException as exc:  # noqa: BLE001 - the waiters try again (and see the error themselves)
-            if isinstance(exc, rex.ResponseError):   # refused (an ACL): never again, the waiters poll
+            if refused(exc):                # an ACL, a proxy: never again, the waiters poll
                 self.refusals.note("BLPOP", exc, *_BLPOP_REFUSED)
             with self._mutex:
                 self._thread = None
@@ -579,6 +593,8 @@ class NotifyHub:
             await self.calls.many(("LPUSH", self.wake_key, "1"), ("PEXPIRE", self.wake_key, WAKE_TTL_MS),
                                   timeout=2.0)
         except rex.ResponseError as exc:
+            if not refused(exc):
+                raise
             self.refusals.note("LPUSH", exc, *_WAKE_REFUSED)
             self._block = 0.05          # no wake-ups: block briefly, so new keys are watched soon
 
@@ -601,7 +617,7 @@ class NotifyHub:
                     if future is not None:
                         _settle(future, reply)
         except (Exception, self._asyncio.CancelledError) as exc:  # noqa: BLE001 - the waiters poll on
-            if isinstance(exc, rex.ResponseError):   # refused (an ACL): never again, the tasks poll
+            if refused(exc):                # an ACL, a proxy: never again, the tasks poll
                 self.refusals.note("BLPOP", exc, *_BLPOP_REFUSED)
             if self._conn is not None:
                 await self._conn.disconnect(nowait=True)
