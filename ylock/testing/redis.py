@@ -88,7 +88,7 @@ class RedisServer(ServerProcess):
         self.extra = extra
         #: With ``tls``: a TLS port beside the plain one (which the harness itself uses).
         self.tls = tls
-        self.tls_port = free_port() if tls else 0
+        self.tls_port = self._free_port() if tls else 0
         self.password = password
         self.persistent = persistent
         self.dir = Path(directory or tempfile.mkdtemp(prefix="ylock-redis-"))
@@ -113,7 +113,9 @@ class RedisServer(ServerProcess):
         """Start the server; retry on another port if the picked one was taken."""
         for _ in range(attempts):
             if not self.port or self.proc is not None:
-                self.port = free_port()
+                self.port = self._free_port()
+                if self.tls and self.proc is not None:
+                    self.tls_port = self._free_port()
             durability = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else \
                 ["--appendonly", "no"]
             args = [_binary("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1",
@@ -127,6 +129,13 @@ class RedisServer(ServerProcess):
                 return self
             self.stop()
         raise ServerError(f"redis-server did not start; last log:\n{self.read_log()}")
+
+    def _free_port(self) -> int:
+        """A free port; for a Cluster node one whose bus port (10,000 higher) exists."""
+        while True:
+            port = free_port()
+            if port <= 55535 or "--cluster-enabled" not in self.extra:
+                return port
 
     def restart(self, down: float = 0.0) -> None:
         """Kill the server (SIGKILL), stay down ``down`` seconds, start it again on the same
