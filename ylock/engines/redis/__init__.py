@@ -5,8 +5,10 @@ The package, by concern: :mod:`.engine` (the engine's protocol), :mod:`.steps` (
 acquisition past its first try), :mod:`.keys` (the key grammar), :mod:`.scripts` and
 ``lua/`` (the Lua scripts and their arguments), :mod:`.clients` (URLs, options, redis-py
 clients), :mod:`.direct` (the hot path's sends, the waiters' notify hubs), :mod:`.aio`
-(each event loop's connections), :mod:`.inspection` (describe, statistics).
+(each event loop's connections), :mod:`.inspection` (describe, statistics), :mod:`.acl` (the
+commands it sends, as an ACL).
 """
+from ylock.engines.redis.acl import ACL_COMMANDS, acl_line, acl_rules
 from ylock.engines.redis.engine import RedisEngine
 
-__all__ = ["RedisEngine"]
+__all__ = ["ACL_COMMANDS", "RedisEngine", "acl_line", "acl_rules"]

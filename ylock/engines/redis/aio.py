@@ -85,7 +85,8 @@ async def open_side(engine: EngineParts) -> AsyncSide:
         side = AsyncSide(client, async_cluster_call(client), None)
     else:
         calls = AsyncDirectCalls(pool)
-        side = AsyncSide(client, calls, NotifyHub(pool, calls) if engine.notify else None)
+        hub = NotifyHub(pool, calls, engine.keys.wake(), engine._refusals) if engine.notify else None
+        side = AsyncSide(client, calls, hub)
     sides[loop] = side
     closer = _closed_with_loop(sides, loop, side)
     await closer.asend(None)     # now the loop's: its shutdown_asyncgens() closes it

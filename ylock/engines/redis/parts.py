@@ -7,6 +7,7 @@ import asyncio
 from typing import Any, Protocol
 
 from ylock.engines.redis.clients import Clients
+from ylock.engines.redis.direct import Refusals
 from ylock.engines.redis.keys import Keys
 
 
@@ -20,6 +21,7 @@ class EngineParts(Protocol):
     socket_timeout: float
     wait_replicas: int
     wait_timeout_ms: int
+    _refusals: Refusals                               # commands the server refused (direct.py)
     _async: dict[asyncio.AbstractEventLoop, Any]      # each loop's AsyncSide (aio.py)
 
     @property
