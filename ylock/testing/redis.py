@@ -111,13 +111,15 @@ class RedisServer(ServerProcess):
 
 
 class RedisCluster:
-    """A Redis Cluster of ``masters`` masters (no replicas) on free ports."""
+    """A Redis Cluster of ``masters`` masters, each with ``replicas`` replicas, on free ports
+    (``node_timeout`` ms: how long a node may stay silent before a failover)."""
 
-    def __init__(self, masters: int = 3) -> None:
+    def __init__(self, masters: int = 3, replicas: int = 0, node_timeout: int = 2000) -> None:
         self.dir = tempfile.mkdtemp(prefix="ylock-cluster-")
-        self.nodes = [RedisServer("--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
+        self.replicas = replicas
+        self.nodes = [RedisServer("--cluster-enabled", "yes", "--cluster-node-timeout", str(node_timeout),
                                   "--cluster-config-file", f"nodes-{i}.conf",
-                                  directory=os.path.join(self.dir, str(i))) for i in range(masters)]
+                                  directory=os.path.join(self.dir, str(i))) for i in range(masters * (1 + replicas))]
 
     @property
     def url(self) -> str:
@@ -129,7 +131,7 @@ class RedisCluster:
             node.start()
         addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
         result = subprocess.run([_binary("redis-cli"), "--cluster", "create", *addresses,
-                                 "--cluster-replicas", "0", "--cluster-yes"],
+                                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                                 capture_output=True, text=True, timeout=60)
         if result.returncode != 0:
             raise ServerError(f"redis-cli --cluster create failed:\n{result.stdout}\n{result.stderr}")
@@ -149,10 +151,29 @@ class RedisCluster:
                     states.append(ok)
                 except redis.exceptions.RedisError:
                     states.append(False)
-            if all(states):
+            if all(states) and all(self._replica_linked(n) for n in self.nodes):
                 return
             time.sleep(0.1)
         raise ServerError("redis cluster did not reach cluster_state:ok")
+
+    @staticmethod
+    def _replica_linked(node: RedisServer) -> bool:
+        """A master, or a replica whose link to its master is up (synced)."""
+        import redis
+
+        try:
+            info = redis.Redis(port=node.port, socket_timeout=1).info("replication")
+        except redis.exceptions.RedisError:
+            return False
+        return info.get("role") == "master" or info.get("master_link_status") == "up"
+
+    def replicas_of(self, port: int) -> list[RedisServer]:
+        """The replica nodes of the master on ``port``."""
+        import redis
+
+        info = redis.Redis(port=port, socket_timeout=1, decode_responses=True).info("replication")
+        ports = {int(v["port"]) for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)}
+        return [n for n in self.nodes if n.port in ports]
 
     def stop(self) -> None:
         for node in self.nodes:
