@@ -184,16 +184,64 @@ class RedisCluster:
 
 
 class RedisSentinel:
-    """A master, a replica and ``sentinels`` Sentinels watching them (master name ``mymaster``)."""
+    """A master, ``replicas`` replicas and ``sentinels`` Sentinels watching them (master name
+    ``mymaster``; ``quorum`` Sentinels must agree that the master is down, which they decide
+    after ``down_after_ms`` of silence). With ``proxied``, the replicas replicate through a
+    :class:`~ylock.testing.proxy.TcpProxy` in front of the master (:attr:`replication`),
+    which a test can delay, drop and cut to hold replication back; the Sentinels and
+    the clients reach the master directly."""
 
     master_name = "mymaster"
 
-    def __init__(self, sentinels: int = 1) -> None:
+    def __init__(self, sentinels: int = 1, *, replicas: int = 1, quorum: int = 1, down_after_ms: int = 1000,
+                 failover_timeout_ms: int = 3000, proxied: bool = False) -> None:
+        from ylock.testing.proxy import TcpProxy
+
         self.master = RedisServer()
-        self.replica: RedisServer | None = None
+        self.replicas: list[RedisServer] = []
+        self.replica: RedisServer | None = None       # the first replica
+        self.replica_count = replicas
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.replication: TcpProxy | None = None
+        self._proxied = proxied
+        self._proxy_class = TcpProxy
         self.sentinels: list[tuple[int, subprocess.Popen[bytes], Path]] = []
         self.count = sentinels
         self.dir = Path(tempfile.mkdtemp(prefix="ylock-sentinel-"))
+
+    @property
+    def servers(self) -> list[RedisServer]:
+        """The master and the replicas, as started (a failover swaps their roles)."""
+        return [self.master, *self.replicas]
+
+    def master_port(self) -> int:
+        """The port of the master the first Sentinel names now."""
+        import redis
+
+        client = redis.Redis(port=self.sentinels[0][0], socket_timeout=2)
+        return int(client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name)[1])
+
+    def wait_master_moved(self, away_from: int, timeout: float = 30.0) -> int:
+        """Wait until every Sentinel names a master other than the one on ``away_from``;
+        return its port."""
+        import redis
+
+        deadline = time.monotonic() + timeout
+        for port, _, _ in self.sentinels:
+            client = redis.Redis(port=port, socket_timeout=1)
+            while True:
+                try:
+                    now = int(client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name)[1])
+                    if now != away_from:
+                        break
+                except redis.exceptions.RedisError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServerError(f"sentinel on {port} still names the master on {away_from}")
+                time.sleep(0.05)
+        return self.master_port()
 
     @property
     def url(self) -> str:
@@ -204,16 +252,22 @@ class RedisSentinel:
         import redis
 
         self.master.start()
-        self.replica = RedisServer("--replicaof", "127.0.0.1", str(self.master.port)).start()
+        upstream = self.master.port
+        if self._proxied:
+            self.replication = self._proxy_class(self.master.port).start()
+            upstream = self.replication.port
+        self.replicas = [RedisServer("--replicaof", "127.0.0.1", str(upstream)).start()
+                         for _ in range(self.replica_count)]
+        self.replica = self.replicas[0] if self.replicas else None
         for i in range(self.count):
             for _ in range(5):
                 port = free_port()
                 conf = self.dir / f"sentinel-{i}.conf"
                 conf.write_text(
                     f"port {port}\nbind 127.0.0.1\ndir {self.dir}\nlogfile {self.dir}/sentinel-{i}.log\n"
-                    f"sentinel monitor {self.master_name} 127.0.0.1 {self.master.port} 1\n"
-                    f"sentinel down-after-milliseconds {self.master_name} 1000\n"
-                    f"sentinel failover-timeout {self.master_name} 3000\n")
+                    f"sentinel monitor {self.master_name} 127.0.0.1 {self.master.port} {self.quorum}\n"
+                    f"sentinel down-after-milliseconds {self.master_name} {self.down_after_ms}\n"
+                    f"sentinel failover-timeout {self.master_name} {self.failover_timeout_ms}\n")
                 proc = subprocess.Popen([_binary("redis-server"), str(conf), "--sentinel"],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
                 deadline = time.monotonic() + 10
@@ -275,11 +329,13 @@ class RedisSentinel:
             proc.kill()
             proc.wait(10)
         self.master.stop()
-        if self.replica:
-            self.replica.stop()
+        for replica in self.replicas:
+            replica.stop()
+        if self.replication is not None:
+            self.replication.stop()
 
     def read_log(self) -> str:
-        logs = [self.master.read_log(), self.replica.read_log() if self.replica else ""]
+        logs = [server.read_log() for server in self.servers]
         for i in range(len(self.sentinels)):
             try:
                 logs.append((self.dir / f"sentinel-{i}.log").read_text()[-2000:])

@@ -14,6 +14,12 @@ its commands through :class:`DirectCalls` instead, which keeps the same semantic
 * a ``ConnectionError`` (a socket the server dropped, a restart, a Sentinel failover
   demoting the master) disconnects the connection and sends once more on a new one,
   like the engine's redis-py ``Retry`` of one attempt; a ``TimeoutError`` is not retried;
+* a sign that the server may no longer be the master (a connection error or a timeout, a
+  ``READONLY``, ``MOVED`` or ``LOADING`` reply) drops every parked connection: each one
+  reconnects before its next use (on Sentinel asking the Sentinels for the master), so a
+  process never keeps granting on a stalled-then-resumed old master through connections
+  it parked before the failover. On Sentinel a parked connection is also dropped once
+  redis-py's pool learned of another master (any reconnection asks the Sentinels);
 * each call takes a ``timeout`` that bounds all of it, a reconnection and its handshake
   included (the socket's timeout is set per call: redis-py's ``read_response`` takes no
   timeout before redis-py 8), so that an acquisition ends within its deadline plus one
@@ -55,6 +61,16 @@ def lock_path_share(max_connections: int | None) -> int:
     return max(1, max_connections - max(1, min(RESERVE, max_connections // 4)))
 
 
+#: Error replies meaning "not the master (any more)", besides connection errors (LOADING
+#: is a BusyLoadingError, a ConnectionError).
+_NOT_MASTER = (rex.ReadOnlyError, rex.MovedError)
+
+
+def _master_pool(pool: Any) -> bool:
+    """Whether ``pool`` is a Sentinel pool of the master (which knows the master's address)."""
+    return bool(getattr(pool, "is_master", False)) and hasattr(pool, "sentinel_manager")
+
+
 def _busy(share: int) -> rex.ConnectionError:
     return rex.ConnectionError(f"all {share} connections of the lock path stayed busy for the call's whole time "
                                "(raise max_connections?)")
@@ -63,11 +79,15 @@ def _busy(share: int) -> rex.ConnectionError:
 class DirectCalls:
     """Send commands over ``pool``'s connections without redis-py's per-command layers."""
 
-    __slots__ = ("pool", "idle", "share", "made", "starved", "_freed", "_wait")
+    __slots__ = ("pool", "idle", "share", "made", "starved", "epoch", "_sentinel", "_freed", "_wait")
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.idle: list[Any] = []
+        #: Bumped when a server may have stopped being the master: a parked connection
+        #: made before reconnects before its next use.
+        self.epoch = 0
+        self._sentinel = _master_pool(pool)
         #: The most connections this takes from the pool (:func:`lock_path_share`).
         self.share = lock_path_share(getattr(pool, "max_connections", None))
         self.made = 0                                 # connections taken from the pool so far
@@ -86,23 +106,40 @@ class DirectCalls:
             conn = self.idle.pop()
         except IndexError:
             conn = self.checkout(end)
+        if conn.__dict__.get("ylock_epoch") != self.epoch or (
+                self._sentinel and (conn.host, conn.port) != self.pool.master_address):
+            conn.disconnect()          # parked before a fault, or on a master Sentinel replaced
+            conn.ylock_epoch = self.epoch
         try:
             try:
                 _send(conn, args, end)
                 reply = conn.read_response()
             except rex.ConnectionError:
+                self.fault()
                 conn.disconnect()
                 _send(conn, args, end)      # connects anew, once, within what is left
                 reply = conn.read_response()
-        except rex.ResponseError:
+        except rex.ResponseError as exc:
+            if isinstance(exc, _NOT_MASTER):
+                self.fault()
+                conn.disconnect()
             self.checkin(conn)         # an error reply was read whole: the connection is fine
             raise
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, (rex.ConnectionError, rex.TimeoutError, OSError)):
+                self.fault()
             conn.disconnect()          # the next use connects anew; no half-read reply survives
             self.checkin(conn)
             raise
         self.checkin(conn)
         return reply
+
+    def fault(self) -> None:
+        """The server may no longer be the master: every parked connection reconnects
+        before its next use, and the pool's idle ones are dropped."""
+        self.epoch += 1
+        with contextlib.suppress(Exception):
+            self.pool.disconnect(inuse_connections=False)
 
     def checkout(self, end: float | None) -> Any:
         """Return a connection of the lock path's share for the caller's own use (give it
@@ -127,7 +164,9 @@ class DirectCalls:
                 finally:
                     self.starved -= 1
         try:
-            return self.pool.get_connection()     # redis-py 8 connects here
+            conn = self.pool.get_connection()     # redis-py 8 connects here
+            conn.ylock_epoch = self.epoch
+            return conn
         except BaseException as exc:
             with self._freed:
                 self.made -= 1
@@ -180,11 +219,13 @@ class AsyncDirectCalls:
     call bounded by its ``timeout``. A call cancelled or timed out mid-reply disconnects its
     connection, so no late reply is ever read by the next call."""
 
-    __slots__ = ("pool", "idle", "share", "made", "starved", "_wait")
+    __slots__ = ("pool", "idle", "share", "made", "starved", "epoch", "_sentinel", "_wait")
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.idle: list[Any] = []
+        self.epoch = 0
+        self._sentinel = _master_pool(pool)
         self.share = lock_path_share(getattr(pool, "max_connections", None))
         self.made = 0
         self.starved: collections.deque[Any] = collections.deque()    # futures of callers waiting
@@ -197,23 +238,37 @@ class AsyncDirectCalls:
             conn = idle.pop()
         except IndexError:
             conn = await self.checkout(end)
+        if conn.__dict__.get("ylock_epoch") != self.epoch or (
+                self._sentinel and (conn.host, conn.port) != self.pool.master_address):
+            await conn.disconnect(nowait=True)    # see DirectCalls
+            conn.ylock_epoch = self.epoch
         try:
             try:
                 await conn.send_command(*args, check_health=False)
                 reply = await conn.read_response(timeout=_left(end))
             except rex.ConnectionError:
+                self.fault()
                 await conn.disconnect(nowait=True)
                 await conn.send_command(*args, check_health=False)   # connects anew, once
                 reply = await conn.read_response(timeout=_left(end))
-        except rex.ResponseError:
+        except rex.ResponseError as exc:
+            if isinstance(exc, _NOT_MASTER):
+                self.fault()
+                await conn.disconnect(nowait=True)
             self.checkin(conn)
             raise
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, (rex.ConnectionError, rex.TimeoutError, OSError)):
+                self.fault()
             await conn.disconnect(nowait=True)
             self.checkin(conn)
             raise
         self.checkin(conn)
         return reply
+
+    def fault(self) -> None:
+        """:meth:`DirectCalls.fault` (the pool's idle connections reconnect on their next use)."""
+        self.epoch += 1
 
     async def checkout(self, end: float | None) -> Any:
         """:meth:`DirectCalls.checkout` in the event loop."""
@@ -222,7 +277,9 @@ class AsyncDirectCalls:
         if self.made < self.share:
             self.made += 1
             try:
-                return await self.pool.get_connection()
+                conn = await self.pool.get_connection()
+                conn.ylock_epoch = self.epoch
+                return conn
             except BaseException as exc:
                 self.made -= 1
                 if isinstance(exc, rex.ResponseError):
