@@ -202,7 +202,13 @@ def test_master_crash_with_grants_its_replicas_never_got(sentinel, group, tmp_pa
     assert any(a.granted > crash for a in acquisitions)
 
 
-def test_master_stalled_past_the_failover_then_resumed(sentinel, group, tmp_path):
+@pytest.mark.parametrize("min_replicas", [0, 1])
+def test_master_stalled_past_the_failover_then_resumed(sentinel, group, tmp_path, min_replicas):
+    # min-replicas-to-write 1 (max lag 1 s) on every server: the resumed old master, whose
+    # replicas left it, refuses writes (NOREPLICAS) instead of granting.
+    for server in sentinel.servers:
+        redis.Redis(port=server.port).config_set("min-replicas-to-write", min_replicas)
+        redis.Redis(port=server.port).config_set("min-replicas-max-lag", 1)
     url = sentinel.url + "?socket_timeout=1"
     old_port = sentinel.master.port
     assert sentinel.master.proc is not None
@@ -229,9 +235,13 @@ def test_master_stalled_past_the_failover_then_resumed(sentinel, group, tmp_path
         acquisitions, _ = load.finish()
     acquisitions = sorted(acquisitions + stale, key=lambda a: a.granted)
     figures = check_history(acquisitions, overlaps_allowed=True)
-    print(f"stalled master: {figures}; the resumed old master answered ROLE {role!r} and granted "
-          f"{len(stale)} acquisitions")
-    assert role == b"master" and stale
+    print(f"stalled master, min-replicas-to-write {min_replicas}: {figures}; the resumed old master "
+          f"answered ROLE {role!r} and granted {len(stale)} of 3 acquisitions")
+    assert role == b"master"
+    if min_replicas:
+        assert not stale, "a master without replicas refuses writes under min-replicas-to-write"
+    else:
+        assert stale, "the resumed old master granted the lock"
     assert any(a.granted < stopped for a in acquisitions) and any(a.granted > resumed for a in acquisitions)
 
 

@@ -15,7 +15,7 @@ its commands through :class:`DirectCalls` instead, which keeps the same semantic
   demoting the master) disconnects the connection and sends once more on a new one,
   like the engine's redis-py ``Retry`` of one attempt; a ``TimeoutError`` is not retried;
 * a sign that the server may no longer be the master (a connection error or a timeout, a
-  ``READONLY``, ``MOVED`` or ``LOADING`` reply) drops every parked connection: each one
+  ``READONLY``, ``MOVED``, ``LOADING`` or ``NOREPLICAS`` reply) drops every parked connection: each one
   reconnects before its next use (on Sentinel asking the Sentinels for the master), so a
   process never keeps granting on a stalled-then-resumed old master through connections
   it parked before the failover. On Sentinel a parked connection is also dropped once
@@ -120,7 +120,7 @@ class DirectCalls:
                 _send(conn, args, end)      # connects anew, once, within what is left
                 reply = conn.read_response()
         except rex.ResponseError as exc:
-            if isinstance(exc, _NOT_MASTER):
+            if isinstance(exc, _NOT_MASTER) or str(exc).startswith("NOREPLICAS"):
                 self.fault()
                 conn.disconnect()
             self.checkin(conn)         # an error reply was read whole: the connection is fine
@@ -252,7 +252,7 @@ class AsyncDirectCalls:
                 await conn.send_command(*args, check_health=False)   # connects anew, once
                 reply = await conn.read_response(timeout=_left(end))
         except rex.ResponseError as exc:
-            if isinstance(exc, _NOT_MASTER):
+            if isinstance(exc, _NOT_MASTER) or str(exc).startswith("NOREPLICAS"):
                 self.fault()
                 await conn.disconnect(nowait=True)
             self.checkin(conn)

@@ -221,7 +221,9 @@ class RedisEngine(Engine):
             return EngineUnavailable(f"Redis at {self.url_for_display()} is unavailable: {exc}",
                                      group=group, name=name)
         if isinstance(exc, rex.RedisError):
-            if "CLUSTERDOWN" in str(exc) or "READONLY" in str(exc) or "MASTERDOWN" in str(exc):
+            text = str(exc)
+            # NOREPLICAS: a master with min-replicas-to-write that lost its replicas refuses writes.
+            if "CLUSTERDOWN" in text or "READONLY" in text or "MASTERDOWN" in text or "NOREPLICAS" in text:
                 return EngineUnavailable(f"Redis at {self.url_for_display()} is unavailable: {exc}",
                                          group=group, name=name)
             return LockError(f"Redis at {self.url_for_display()} failed: {exc}", group=group, name=name)
