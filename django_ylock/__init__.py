@@ -17,6 +17,7 @@
     class Account(models.Model):                       # fenced writes (docs/fencing.md)
         fence = django_ylock.FenceField()
     django_ylock.fenced_update(Account.objects.filter(pk=pk), lock, balance=F("balance") + 10)
+    django_ylock.fenced_update(qs, django_ylock.current_lock(request), ...)   # in a @locked view
 
     django_ylock.cache.get_or_set("report", build_report, timeout=300)   # single-flight (docs/caching.md)
 
@@ -26,6 +27,7 @@ from django_ylock import cache
 from django_ylock.decorators import limited, locked
 from django_ylock.fencing import FenceField, fenced_save, fenced_update
 from django_ylock.registry import InjectLock, InjectLocks, engine, inject, lock, locks, semaphore, semaphores
+from django_ylock.request_lock import current_lock
 
 __all__ = ["lock", "locks", "semaphore", "semaphores", "engine", "locked", "limited", "InjectLock", "InjectLocks",
-           "inject", "FenceField", "fenced_update", "fenced_save", "cache"]
+           "inject", "current_lock", "FenceField", "fenced_update", "fenced_save", "cache"]

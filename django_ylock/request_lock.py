@@ -8,7 +8,8 @@ says what it is doing: the request's method and path (:func:`ylock.web.request_c
 
 The request is the owner: every lock taken for one request (by the middleware and by
 decorators) belongs to one owner id kept on the request, so they re-enter instead of
-deadlocking, whichever thread (WSGI, ASGI's thread pool) runs each part.
+deadlocking, whichever thread (WSGI, ASGI's thread pool) runs each part. While the view
+runs, :func:`current_lock` returns what the request holds (for its fencing token).
 """
 from __future__ import annotations
 
@@ -36,6 +37,29 @@ def request_owner(request: HttpRequest) -> str:
         owner = new_owner()
         request._ylock_owner = owner  # type: ignore[attr-defined]
     return owner  # type: ignore[no-any-return]
+
+
+def _held(request: HttpRequest) -> web.Held:
+    held: web.Held | None = getattr(request, "_ylock_held", None)
+    if held is None:
+        held = web.Held()
+        request._ylock_held = held  # type: ignore[attr-defined]
+    return held
+
+
+def current_lock(request: HttpRequest, name: str | None = None) -> ylock.Lock | ylock.Semaphore:
+    """Return the lock (or, under ``@limited``, the semaphore) that ``request`` holds while
+    its view runs: the innermost of its ``@locked``/``@limited`` decorators and the per-user
+    lock, or the one of family ``name`` (the name given to the decorator, or
+    ``USER_LOCK["LOCK"]``). Raise LookupError when the request holds none (or none of
+    ``name``).
+
+    The view runs as the request's owner, so ``current_lock(request).token`` is the fencing
+    token of the request's hold, to pass to :func:`django_ylock.fenced_update` (or pass the
+    lock itself). Works in sync and async function views and in class-based views
+    (``current_lock(self.request)``), whatever the decorator's key (a URL argument, a
+    callable, the user)."""
+    return _held(request).find(name)
 
 
 def user_key(request: HttpRequest, anonymous: str = "session") -> str | None:
@@ -160,10 +184,11 @@ class RequestLock:
         with owner_scope(owner), self._hold(request, lock, mode, owner) as hold:
             if hold.refusal is not None:
                 return self._refused(request, hold.refusal, mode)
-            if self.on_commit and mode == WRITE:
-                with transaction.atomic(using=self.using):
-                    return call()
-            return call()
+            with _held(request).holding(self.spec.name, lock):
+                if self.on_commit and mode == WRITE:
+                    with transaction.atomic(using=self.using):
+                        return call()
+                return call()
 
     async def arun(self, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any],
                    call: Callable[[], Awaitable[HttpResponse]]) -> HttpResponse:
@@ -184,7 +209,8 @@ class RequestLock:
             async with self._hold(request, lock, mode, owner, deferred=False) as hold:
                 if hold.refusal is not None:
                     return self._refused(request, hold.refusal, mode)
-                return await call()
+                with _held(request).holding(self.spec.name, lock):
+                    return await call()
 
     async def alock_for(self, request: HttpRequest, args: tuple[Any, ...],
                         kwargs: dict[str, Any]) -> web.Target | None:

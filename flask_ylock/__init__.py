@@ -25,11 +25,12 @@
 
     ylock.get_or_set(cache, "report", build_report, timeout=300)   # single-flight over Flask-Caching
     ylock_sqlalchemy.fenced_update(db.session, stmt, Account.fence, lock)  # import ylock.sqlalchemy as ylock_sqlalchemy
+    ylock_sqlalchemy.fenced_update(db.session, stmt, Account.fence, flask_ylock.current_lock())  # in a @locked view
 
 ``flask ylock list|inspect|release|stats`` inspects locks; :mod:`flask_ylock.signals`
 re-emits lock events as blinker signals; ``YLOCK_METRICS`` configures the exporters.
 """
 from flask_ylock import cache, signals
-from flask_ylock.extension import YLock, current_user_key
+from flask_ylock.extension import YLock, current_lock, current_user_key
 
-__all__ = ["YLock", "signals", "cache", "current_user_key"]
+__all__ = ["YLock", "signals", "cache", "current_lock", "current_user_key"]

@@ -8,7 +8,8 @@ Django); this module translates Flask's request, user, session and config into i
 The request is the owner: the per-user hook and the view's decorators take their locks
 as one owner id kept in ``g``, so they re-enter instead of waiting for each other,
 whether the view is sync or async. Every hold taken for a request says what it is doing:
-its method and path (:func:`ylock.web.request_context`).
+its method and path (:func:`ylock.web.request_context`). While the view runs,
+:func:`current_lock` returns what the request holds (for its fencing token).
 """
 from __future__ import annotations
 
@@ -106,6 +107,12 @@ class YLock:
         deployment-wide on a miss: see :func:`flask_ylock.cache.get_or_set`."""
         return cache_get_or_set(cache, key, compute, timeout, lock_timeout, lock=lock, on_timeout=on_timeout)
 
+    @staticmethod
+    def current_lock(name: str | None = None) -> ylock.Lock | ylock.Semaphore:
+        """Return the lock the current request holds while its view runs: see
+        :func:`flask_ylock.current_lock`."""
+        return current_lock(name)
+
     # -- the view decorator -------------------------------------------------------------
 
     def locked(self, name: str, key: str | Callable[..., object] | None | bool = None, mode: str = WRITE,
@@ -172,12 +179,34 @@ class YLock:
         if refusal is not None:
             return _answer_for(refusal)
         g._ylock_user_hold = hold           # left in _teardown_request, however the request ends
+        _held().push(view_spec.name, target)
         return None
 
     def _teardown_request(self, exc: BaseException | None) -> None:
         hold: web.RequestHold | None = g.pop("_ylock_user_hold", None)
         if hold is not None:
+            _held().pop(hold.lock)
             hold.leave()
+
+
+def _held() -> web.Held:
+    held: web.Held | None = g.get("_ylock_held")
+    if held is None:
+        held = g._ylock_held = web.Held()
+    return held
+
+
+def current_lock(name: str | None = None) -> ylock.Lock | ylock.Semaphore:
+    """Return the lock (or, under ``@limited``, the semaphore) that the current request
+    holds while its view runs: the innermost of its ``@locked``/``@limited`` decorators and
+    the per-user lock, or the one of family ``name`` (the name given to the decorator, or
+    ``YLOCK_USER_LOCK["LOCK"]``). Raise LookupError when the request holds none (or none of
+    ``name``).
+
+    The view runs as the request's owner, so ``current_lock().token`` is the fencing token
+    of the request's hold, to pass to :func:`ylock.sqlalchemy.fenced_update` (or pass the
+    lock itself). Works in sync and async views, whatever the decorator's key."""
+    return _held().find(name)
 
 
 def request_owner() -> str:
@@ -223,7 +252,8 @@ def _decorate(spec: web.RequestSpec, view: F) -> F:
                     async with _hold(target, held_mode, wait, spec) as hold:
                         if hold.refusal is not None:
                             return _answer_for(hold.refusal)
-                        return await view(*args, **kwargs)
+                        with _held().holding(spec.name, target):
+                            return await view(*args, **kwargs)
         return async_wrapper  # type: ignore[return-value]
 
     @functools.wraps(view)
@@ -235,7 +265,8 @@ def _decorate(spec: web.RequestSpec, view: F) -> F:
             with owner_scope(request_owner()), _hold(target, held_mode, wait, spec) as hold:
                 if hold.refusal is not None:
                     return _answer_for(hold.refusal)
-                return view(*args, **kwargs)
+                with _held().holding(spec.name, target):
+                    return view(*args, **kwargs)
     return wrapper  # type: ignore[return-value]
 
 

@@ -14,6 +14,7 @@ import pytest
 
 import ylock
 from ylock.holds import HOLDS
+from ylock.testing.pgbouncer import PgBouncer
 from ylock.testing.postgres import PostgresServer
 from ylock.testing.redis import RedisCluster, RedisSentinel, RedisServer
 from ylock.testing.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
@@ -133,3 +134,54 @@ def postgres_server() -> Iterator[PostgresServer]:
 @pytest.fixture
 def postgres_engine(postgres_server: PostgresServer) -> Iterator[ylock.Engine]:
     yield from _engine(postgres_server.url)
+
+
+#: A role of the test PostgreSQL server whose own defaults differ from every setting ylock
+#: gives its lock connections, so a setting ylock left on a pooled backend shows.
+POOLED_ROLE = "ylock_pooled"
+POOLED_ROLE_DEFAULTS = {"statement_timeout": "17s", "lock_timeout": "13s", "idle_session_timeout": "1h",
+                        "idle_in_transaction_session_timeout": "2h", "synchronous_commit": "local",
+                        "client_connection_check_interval": "0", "tcp_keepalives_idle": "0"}
+
+
+@pytest.fixture(scope="session")
+def pooled_role(postgres_server: PostgresServer) -> str:
+    """:data:`POOLED_ROLE`, created (a superuser, with :data:`POOLED_ROLE_DEFAULTS`)."""
+    with postgres_server.connect() as conn:
+        conn.execute(f"DO $$ BEGIN CREATE ROLE {POOLED_ROLE} LOGIN SUPERUSER; "
+                     "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        for name, value in POOLED_ROLE_DEFAULTS.items():
+            conn.execute(f"ALTER ROLE {POOLED_ROLE} SET {name} = '{value}'")
+    return POOLED_ROLE
+
+
+def _bouncer(server: PostgresServer, mode: str, **options: object) -> Iterator[PgBouncer]:
+    yield from _serving(PgBouncer(server, mode, users=(POOLED_ROLE,), **options).start(),  # type: ignore[arg-type]
+                        lambda bouncer: bouncer.cleanup())
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_transaction(postgres_server: PostgresServer, pooled_role: str) -> Iterator[PgBouncer]:
+    """Debian's PgBouncer in transaction mode in front of the session's PostgreSQL (through
+    its unix socket, as a pooler on the database's machine)."""
+    yield from _bouncer(postgres_server, "transaction")
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_session(postgres_server: PostgresServer, pooled_role: str) -> Iterator[PgBouncer]:
+    """PgBouncer in session mode (over TCP), as configured by default: ``server_reset_query``
+    ``DISCARD ALL`` when a client leaves."""
+    yield from _bouncer(postgres_server, "session", via="tcp")
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_session_noreset(postgres_server: PostgresServer, pooled_role: str) -> Iterator[PgBouncer]:
+    """PgBouncer in session mode with ``server_reset_query`` turned off: what a client leaves
+    on its server session goes to the next client (so whatever ylock leaves shows)."""
+    yield from _bouncer(postgres_server, "session", via="tcp", settings={"server_reset_query": ""})
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_statement(postgres_server: PostgresServer, pooled_role: str) -> Iterator[PgBouncer]:
+    """PgBouncer in statement mode: it refuses transactions."""
+    yield from _bouncer(postgres_server, "statement")

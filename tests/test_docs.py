@@ -10,7 +10,7 @@
   test session's redis-server), a block marked ``<!-- fragment -->`` (it continues an
   earlier block) is type-checked with ``mypy --strict`` after a prelude that defines what it
   continues, every README block is type-checked too, and the blocks that other tests run as
-  files of a project (the quick starts, the testing guide) are listed in ``ELSEWHERE`` with
+  files of a project (the quick starts, the testing guide, the Prometheus set-up) are listed in ``ELSEWHERE`` with
   the test that runs them;
 - the shell blocks' ``ylock`` command lines name verbs and options the console script has.
 """
@@ -47,6 +47,8 @@ ELSEWHERE: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
                                                              ('"flask.md"', '"def create_app"')),
     **{("docs/testing.md", f"# {name}"): ("tests/test_pytest_plugin.py", (f'"# {name}"', "docs/testing.md"))
        for name in ("views.py", "test_views.py", "app.py", "test_app.py", "tasks.py", "test_tasks.py")},
+    **{("docs/metrics.md", f"# {name}"): ("tests/deploy/test_prometheus.py", (f'"# {name}"', '"metrics.md"'))
+       for name in ("settings.py", "urls.py", "app.py", "gunicorn.conf.py")},
 }
 
 #: Blocks of pages this suite does not own the markup of, classified here instead of by a
@@ -75,6 +77,18 @@ INSTALLED_APPS: list[str] = []
 MIDDLEWARE: list[str] = []
 '''
 PRELUDES = {
+    "docs/fencing.md": '''\
+from __future__ import annotations
+from celery import Celery
+from flask import Flask
+from flask_ylock import YLock
+from sqlalchemy.orm import DeclarativeBase, Session
+app = Celery("tasks")
+class Base(DeclarativeBase): ...
+ylock_ext = YLock()
+flask_app = Flask(__name__)
+db_session = Session()
+''',
     "docs/flask.md": '''\
 from __future__ import annotations
 from flask import Blueprint, Flask
@@ -156,13 +170,16 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
     assert built.returncode == 0, built.stdout[-5000:] + built.stderr[-5000:]
     # the API reference rendered the docstrings (the one source), and the changelog came in
     api = (site / "api" / "ylock" / "index.html").read_text(encoding="utf-8")
-    for text in ("try_lock", "Acquire the write lock", "LockTimeout", "all_of", "Ticket"):
+    for text in ("try_lock", "Acquire the write lock", "LockTimeout", "all_of", "Ticket", "guard", "FencedOut",
+                 "fenced_update", "get_or_set", "register_scheme", "child_exit"):
         assert text in api, text
     assert ":class:" not in api and "::</p>" not in api                 # reST read as Markdown
     engines = (site / "api" / "engines" / "index.html").read_text(encoding="utf-8")
     for name in ("RedisEngine", "ZooKeeperEngine", "PostgresEngine", "LocalEngine"):
         assert name in engines, name
-    for page, name in (("django", "locked"), ("flask", "YLock"), ("celery", "LockedTask")):
+    for page, name in (("django", "locked"), ("django", "FenceField"), ("django", "get_or_set"), ("flask", "YLock"),
+                       ("flask", "get_or_set"), ("celery", "LockedTask"), ("testing", "ylock_django"),
+                       ("testing", "LocalTestEngine")):
         assert name in (site / "api" / page / "index.html").read_text(encoding="utf-8"), (page, name)
     assert "0.1.0" in (site / "changelog" / "index.html").read_text(encoding="utf-8")
     assert (site / "bench" / "latest.png").read_bytes() == (ROOT / "bench" / "results" / "latest.png").read_bytes()

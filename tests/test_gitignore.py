@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import ylock
-from ylock.engines import embedded
+from ylock import embedded
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -42,7 +42,7 @@ DJANGO_VIEWS_EXTRA = '''
 
 @django_ylock.locked("accounts", key="account_id")
 async def atransfer(request, account_id):
-    lock = django_ylock.locks("accounts")[str(account_id)]
+    lock = django_ylock.current_lock(request)
     if lock.lost:
         return JsonResponse({"error": "lost the lock"}, status=409)
     return JsonResponse({"token": lock.token})

@@ -53,11 +53,32 @@ def check_name(name: object) -> str:
     return _check("name", name, MAX_NAME_LENGTH)
 
 
+#: What :func:`name_for` keeps unescaped besides letters, digits and ``_.-~``: readable
+#: punctuation that every engine stores as it is.
+_SAFE = " !$&'()*+,;=:@~"
+#: The names :func:`name_for` gives the values that would escape to a refused name. Each
+#: holds a ``%`` that quote() never writes (it escapes only reserved characters, as ``%``
+#: and two upper-case hex digits, never ``.``, ``-`` or a letter after it), so no other
+#: value can have the same name.
+_SPECIAL = {"": "%empty", ".": "%2E", "..": "%2E%2E"}
+_HASHED = "sha256-"
+
+
 def name_for(value: object) -> str:
     """Turn any value (a URL value, a user id, a task argument) into a valid lock name:
     characters a name may not hold are percent-escaped, and a value too long is replaced
-    by its hash, so the same value always gives the same name."""
-    name = quote(str(value), safe=" !$&'()*+,;=:@~")
+    by its hash, so the same value always gives the same name.
+
+    Distinct values (as ``str(value)``) get distinct names, so two keys never share a lock:
+    percent-escaping keeps ``%`` apart (``%25``); ``""``, ``"."`` and ``".."`` (names no
+    engine may store: a ZooKeeper path segment) become ``%empty``, ``%2E`` and ``%2E%2E``;
+    a value whose escaped form starts like a hash (``sha256-``) gets its ``-`` escaped; and
+    lone surrogates (no UTF-8 form) are escaped as the bytes Python's ``surrogatepass``
+    gives them, which no valid character has. Only a hash collision could make two long
+    values share a name."""
+    name = quote(str(value), safe=_SAFE, errors="surrogatepass")
+    if name.startswith(_HASHED):
+        name = "sha256%2D" + name[len(_HASHED):]
     if len(name) > MAX_NAME_LENGTH:
-        name = "sha256-" + hashlib.sha256(name.encode()).hexdigest()
-    return check_name(name)
+        return check_name(_HASHED + hashlib.sha256(name.encode()).hexdigest())
+    return check_name(_SPECIAL.get(name, name))

@@ -226,7 +226,12 @@ def describe_holder(extra: Mapping[str, object] | None = None) -> str:
         return ""
     out: dict[str, object] = {}
     size = 2
-    for key, value in {**(fields or {}), **(extra or {})}.items():
+    said = {**(fields or {}), **(extra or {})}
+    if "traceparent" in said:
+        # The trace link (ylock.tracing) goes first, so that a long description loses its
+        # last fields rather than the link waiters follow to this hold.
+        said = {"traceparent": said.pop("traceparent"), **said}
+    for key, value in said.items():
         if not isinstance(value, (str, int, float, bool)) or value is None:
             value = str(value)
         if isinstance(value, str) and len(value) > 200:

@@ -7,10 +7,22 @@ From then on every first acquisition of a lock or a semaphore makes a span for t
 ("ylock wait <group>/<name>") and one for the hold ("ylock hold <group>/<name>", from the
 first acquisition to the final release, so re-entries do not cut it), with the group,
 name, mode, engine, token and outcome as attributes; a timeout, an unreachable engine or
-a lost lease is the span's status or an event. The trace context of the code that took a
-hold is stored with the hold (its ``traceparent``, in the hold's context, see
-:func:`ylock.context`), and a waiter's wait span *links* to the spans of the holders it
-waited for, so a trace viewer shows who blocked whom, across processes.
+a lost lease is the span's status or an event. The hold span is a child of the span
+current where the lock was taken, or the root of a trace of its own when there is none
+(a script, a Celery worker or a command without tracing of their own).
+
+Who blocked whom: the hold span's own ``traceparent`` (W3C) is stored with the hold, in
+the holder note every engine keeps (what ``describe()`` shows as the holder's context,
+see :func:`ylock.context`), and a waiter's wait span *links* to the hold spans of the
+holders it waited for, in any process, with each holder's context as the link's
+attributes (``ylock.holder`` = its owner id, ``ylock.holder.<key>`` = what it said it was
+doing, its host, pid and since when it holds). The note has to go out with the
+acquisition request, before the hold span can exist: so the hold span's ids are drawn
+before the request and its span is started with them at the grant. OpenTelemetry's API
+has no way to name a span's ids, the SDK's tracer has one (its ``id_generator``): ylock's
+own tracer gets an id generator that hands a hold span the ids drawn for it and passes
+everything else to the provider's. With a tracer that is not the SDK's (no
+``id_generator``), holds are traced but store no ``traceparent``, so waits link to nothing.
 
 How the links are found: with tracing on, an acquisition first tries once without
 waiting; only if that fails does it read the lock's holders (one request) before it
@@ -25,6 +37,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from ylock import events
@@ -36,6 +49,32 @@ if TYPE_CHECKING:
 #: The active tracing (None: off), watching the lock path (:func:`ylock.events.watch`).
 ACTIVE: Tracing | None = None
 
+#: The (trace id, span id) drawn for the hold span being started (None: draw as usual).
+_drawn: ContextVar[tuple[int, int] | None] = ContextVar("ylock_hold_span_ids", default=None)
+
+
+class HoldIds:
+    """The id generator of ylock's tracer (the SDK's ``IdGenerator`` protocol): the ids drawn
+    for a hold span before its acquisition request (:data:`_drawn`, set while that span is
+    started), else those of the generator it wraps, the tracer provider's."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def generate_span_id(self) -> int:
+        """Return the drawn span id while a hold span starts, else a new one."""
+        drawn = _drawn.get()
+        return self.inner.generate_span_id() if drawn is None else drawn[1]
+
+    def generate_trace_id(self) -> int:
+        """Return the drawn trace id while a hold span starts (as a root), else a new one."""
+        drawn = _drawn.get()
+        return self.inner.generate_trace_id() if drawn is None else drawn[0]
+
+    def is_trace_id_random(self) -> bool:
+        """Answer as the wrapped generator does (the drawn ids are its own)."""
+        return bool(getattr(self.inner, "is_trace_id_random", lambda: False)())
+
 
 class Tracing:
     """Spans for one tracer (see the module docstring)."""
@@ -44,12 +83,14 @@ class Tracing:
         """``provider``: the tracer provider given to :func:`enable`; None: the global one,
         looked up on each acquisition (it may be set after ``enable()``)."""
         from opentelemetry import trace
-        from opentelemetry.propagators.textmap import DefaultGetter, DefaultSetter
+        from opentelemetry.propagators.textmap import DefaultGetter
         from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Status, StatusCode
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.tracer = tracer
         self._trace = trace
+        self._ids_of: Any = None       # the tracer whose id generator self._ids is
+        self._ids: HoldIds | None = None
         self._status, self._code = Status, StatusCode
         self._no_provider = (NoOpTracerProvider, ProxyTracerProvider)
         self._fixed = None if provider is None else not isinstance(provider, self._no_provider)
@@ -60,7 +101,6 @@ class Tracing:
         self._unset_global = None if "OTEL_PYTHON_TRACER_PROVIDER" in os.environ else "_TRACER_PROVIDER"
         self._propagator = TraceContextTextMapPropagator()
         self._getter: Any = DefaultGetter()
-        self._setter: Any = DefaultSetter()
 
     def on(self) -> bool:
         """Whether spans would go anywhere: a tracer provider is configured (the global one
@@ -73,21 +113,40 @@ class Tracing:
 
     # -- the trace context stored with a hold ------------------------------------------------
 
-    def context(self, context: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-        """``context`` plus the caller's ``traceparent`` (when a span is current)."""
-        carrier: dict[str, str] = {}
-        self._propagator.inject(carrier, setter=self._setter)
-        if "traceparent" not in carrier:
-            return context
-        return {**(context or {}), "traceparent": carrier["traceparent"]}
+    def _hold_ids(self) -> HoldIds | None:
+        """Return the id generator of the tracer that starts hold spans, made a
+        :class:`HoldIds` on first use (None: not the SDK's tracer, whose ids cannot be chosen)."""
+        tracer = self.tracer
+        if isinstance(tracer, self._trace.ProxyTracer):
+            # enable() before the application set its provider: the proxy's tracer is the
+            # one the provider hands out for ylock (the SDK keeps one per name and version),
+            # and a global provider is set once, so it is kept from now on.
+            from ylock import __version__
 
-    def _link(self, said: Mapping[str, Any]) -> Any:
+            tracer = self.tracer = self._trace.get_tracer_provider().get_tracer("ylock", __version__)
+        if tracer is self._ids_of:
+            return self._ids
+        ids = getattr(tracer, "id_generator", None)
+        if ids is not None and not isinstance(ids, HoldIds):
+            ids = tracer.id_generator = HoldIds(ids)
+        self._ids_of, self._ids = tracer, ids
+        return ids
+
+    def _link(self, owner: str, said: Mapping[str, Any]) -> Any:
+        """Return a link to the hold span named by a holder's ``traceparent``, with what the
+        holder said about itself as attributes (None: no ``traceparent``, or not a valid one)."""
         parent = said.get("traceparent")
         if not isinstance(parent, str):
             return None
         span_context = self._trace.get_current_span(
             self._propagator.extract({"traceparent": parent}, getter=self._getter)).get_span_context()
-        return self._trace.Link(span_context) if span_context.is_valid else None
+        if not span_context.is_valid:
+            return None
+        attributes: dict[str, Any] = {"ylock.holder": owner}
+        for key, value in said.items():
+            if key != "traceparent" and isinstance(value, (str, bool, int, float)):
+                attributes[f"ylock.holder.{key}"] = value
+        return self._trace.Link(span_context, attributes)
 
     # -- waits (see ylock.events.Watcher) ------------------------------------------------------
 
@@ -103,7 +162,7 @@ class Tracing:
             return []
         if info is None:
             return []
-        links = [self._link(info.context.get(owner, {})) for owner in info.owners]
+        links = [self._link(owner, info.context.get(owner, {})) for owner in info.owners]
         return [link for link in links if link is not None]
 
     def _wait_span(self, target: Any, mode: str, links: list[Any], started_ns: int) -> Any:
@@ -111,12 +170,27 @@ class Tracing:
                                       attributes=self._attributes(target, mode), start_time=started_ns)
 
     def start(self, acquisition: events.Acquisition) -> None:
-        """Store the caller's ``traceparent`` with the hold (waiters link to it)."""
-        acquisition.context = self.context(acquisition.context)
+        """Draw the hold span's ids and store its ``traceparent`` with the hold (waiters link
+        to it): the trace of the span current here (the hold span's parent at the grant), or
+        a new one."""
+        ids = self._hold_ids()
+        if ids is None:
+            return
+        parent = self._trace.get_current_span().get_span_context()
+        if parent.is_valid:
+            trace_id, flags = parent.trace_id, int(parent.trace_flags)
+        else:
+            # The sampler has not decided yet (it does at the grant): the flags say sampled,
+            # as most roots are; a waiter's link uses the ids only.
+            trace_id, flags = ids.inner.generate_trace_id(), 0x03 if ids.is_trace_id_random() else 0x01
+        span_id = ids.inner.generate_span_id()
+        acquisition.notes[(self, "hold")] = (trace_id, span_id)
+        acquisition.context = {**(acquisition.context or {}),
+                               "traceparent": f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"}
 
     def waiting(self, acquisition: events.Acquisition) -> None:
-        """Start the wait span, linked to the spans of the holders waited for (their hold
-        context's ``traceparent``): read once, after the first try failed."""
+        """Start the wait span, linked to the hold spans of the holders waited for (the
+        ``traceparent`` in their holder notes): read once, after the first try failed."""
         target = acquisition.target
         acquisition.notes[self] = self._wait_span(target, acquisition.mode, self._holders(target),
                                                   acquisition.started_ns)
@@ -144,9 +218,13 @@ class Tracing:
     def held(self, acquisition: events.Acquisition, hold: Hold) -> None:
         """Start the hold span of a first acquisition, kept on the hold (``hold.span``)."""
         target = acquisition.target
-        hold.span = self.tracer.start_span(f"ylock hold {target.group}/{target.name}",
-                                           attributes={**self._attributes(target, acquisition.mode),
-                                                       "ylock.token": hold.token})
+        drawn = _drawn.set(acquisition.notes.pop((self, "hold"), None))
+        try:
+            hold.span = self.tracer.start_span(f"ylock hold {target.group}/{target.name}",
+                                               attributes={**self._attributes(target, acquisition.mode),
+                                                           "ylock.token": hold.token})
+        finally:
+            _drawn.reset(drawn)
 
     def released(self, hold: Hold) -> None:
         """End a hold's span at its final release (an error status if the hold was lost)."""
@@ -187,4 +265,4 @@ def disable() -> None:
     ACTIVE = None
 
 
-__all__ = ["enable", "disable", "released", "Tracing", "ACTIVE"]
+__all__ = ["enable", "disable", "released", "Tracing", "HoldIds", "ACTIVE"]

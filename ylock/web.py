@@ -3,11 +3,12 @@ Flask's ``@locked`` and ``@limited`` views and per-user locks. The plugins only 
 objects and settings into these calls, so both answer the same requests the same way.
 
 - **Which lock.** ``key`` picks one lock of a named family per request: a URL value
-  (escaped into a valid lock name: ``/`` and the like never reach a server, and a value
-  too long is hashed), the result of a callable, the current user (``user-<id>``), or an
-  anonymous visitor's session, as a keyed hash of it (``session-<hmac>``): a session key
-  must never sit in server keys, ``ylock list`` output, logs or 423 bodies, where anyone
-  who reads them could hijack the session.
+  (escaped into a valid lock name, one per value: ``/``, ``.`` and the like never reach a
+  server, and a value too long is hashed; :func:`ylock.names.name_for`), the result of a
+  callable, the current user (``user-<id>``), or an anonymous visitor's session, as a
+  keyed hash of it (``session-<hmac>``): a session key must never sit in server keys,
+  ``ylock list`` output, logs or 423 bodies, where anyone who reads them could hijack the
+  session.
 - **How long.** A request waits for its lock up to the decorator's ``timeout``, else the
   lock's ``TIMEOUT`` setting, else :data:`DEFAULT_TIMEOUT` seconds: a web worker must
   not wait forever unless told to (``timeout=None``).
@@ -21,6 +22,9 @@ objects and settings into these calls, so both answer the same requests the same
 - **What it is doing.** Every hold taken for a request says so (:func:`request_context`:
   ``"POST /orders/7"``, never the query string nor anything of the user or session), as
   ``engine.describe()``, ``ylock list`` and the admin page show it.
+- **Which lock it holds.** While the view runs, the plugins' ``current_lock()`` returns the
+  lock (or semaphore) the request holds (:class:`Held`), so the view can pass its fencing
+  token to a fenced write.
 - **The quiet release.** Once the view has run, a lost lease or an unreachable engine at
   release is logged, not turned into an error page: the view's answer stands.
 """
@@ -33,7 +37,7 @@ import hmac
 import logging
 import math
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Union
 
@@ -527,6 +531,52 @@ class RequestHold:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aleave()
+
+
+class Held:
+    """What one request holds now, innermost last: the targets of its ``@locked`` and
+    ``@limited`` decorators and of the per-user lock, each under the name its decorator
+    or setting gave (the family: ``"accounts"``), while the view runs. Both plugins keep
+    one per request and look it up for ``current_lock()``: the view reaches the lock the
+    request holds (to pass ``lock.token`` to a fenced write) without rebuilding its name."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: list[tuple[str, Target]] = []
+
+    def push(self, name: str, target: Target) -> None:
+        """Record that the request now holds ``target`` of family ``name``."""
+        self._held.append((name, target))
+
+    def pop(self, target: Target) -> None:
+        """Forget the innermost record of ``target`` (the request no longer holds it)."""
+        for i in range(len(self._held) - 1, -1, -1):
+            if self._held[i][1] is target:
+                del self._held[i]
+                return
+
+    @contextlib.contextmanager
+    def holding(self, name: str, target: Target) -> Iterator[None]:
+        """Record ``target`` as held for the duration of the block."""
+        self.push(name, target)
+        try:
+            yield
+        finally:
+            self.pop(target)
+
+    def find(self, name: str | None = None) -> Target:
+        """Return the innermost target held (of family ``name``, if given); raise LookupError
+        saying what the request holds when there is none."""
+        for held_name, target in reversed(self._held):
+            if name is None or held_name == name:
+                return target
+        if not self._held:
+            raise LookupError("this request holds no lock: current_lock() answers inside a view decorated with "
+                              "@locked or @limited, or under the per-user lock (USER_LOCK), while the view runs")
+        holds = ", ".join(repr(n) for n, _ in self._held)
+        raise LookupError(f"this request holds no lock of {name!r}; it holds {holds} (the names given to "
+                          "@locked, @limited or USER_LOCK['LOCK'])")
 
 
 def _left_badly(lock: Target, exc: Exception) -> None:

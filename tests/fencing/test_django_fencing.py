@@ -140,6 +140,28 @@ def test_a_locked_view_writes_with_the_requests_token(ylock_django, settings, ac
     assert (account.balance, account.fence) == (2, second["token"])
 
 
+@pytest.mark.parametrize("view", ["current", "acurrent"])
+def test_a_locked_view_writes_with_current_lock(ylock_django, settings, account, view):
+    settings.ROOT_URLCONF = "tests.fencing.views"
+    client = Client()
+    first = client.post(f"/{view}/{account.pk}/").json()
+    second = client.post(f"/{view}/{account.pk}/").json()
+    assert first["changed"] == second["changed"] == 1 and second["token"] > first["token"] > 0
+    account.refresh_from_db()
+    assert (account.balance, account.fence) == (2, second["token"])
+
+
+def test_a_locked_view_with_current_lock_is_fenced_out_by_a_newer_token(ylock_django, settings, account):
+    # A newer holder already wrote (a token beyond any the engine has given: as if this
+    # request's hold had been lost and retaken meanwhile): the view's write is refused.
+    settings.ROOT_URLCONF = "tests.fencing.views"
+    django_ylock.fenced_update(rows(account.pk), 2**62, balance=5)
+    response = Client().post(f"/stale/{account.pk}/")
+    assert response.status_code == 409 and "accounts" in response.json()["fenced_out"]
+    account.refresh_from_db()
+    assert (account.balance, account.fence) == (5, 2**62)
+
+
 def test_a_celery_locked_task_writes_with_its_token(ylock_django, account):
     from celery import Celery
 

@@ -5,11 +5,12 @@ PostgreSQL is test_paused_holder.py.)"""
 from __future__ import annotations
 
 import pytest
-from flask import Flask
+from flask import Flask, current_app
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import BigInteger, insert, select, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+import flask_ylock
 import ylock
 from flask_ylock import YLock
 from ylock.sqlalchemy import fenced, fenced_update
@@ -96,3 +97,30 @@ def test_bad_input_is_rejected_by_name(app, bad, error):
     with pytest.raises(TypeError, match="statement must be an sqlalchemy update"):
         fenced(select(Account), Account.fence, 1)
     assert row() == (0, 0)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_locked_flask_view_writes_with_current_lock(app, kind):
+    flask_app = current_app._get_current_object()
+
+    def write(account_id: int) -> dict[str, int]:
+        lock = flask_ylock.current_lock()
+        changed = fenced_update(db.session, deposit(1), Account.fence, lock)
+        db.session.commit()
+        return {"changed": changed, "token": lock.token}
+
+    if kind == "sync":
+        @flask_app.post("/deposit/<int:account_id>")
+        @app.locked("accounts", key="account_id", timeout=5)
+        def view(account_id: int):
+            return write(account_id)
+    else:
+        @flask_app.post("/deposit/<int:account_id>")
+        @app.locked("accounts", key="account_id", timeout=5)
+        async def view(account_id: int):
+            return write(account_id)
+
+    client = flask_app.test_client()
+    first, second = client.post("/deposit/1").json, client.post("/deposit/1").json
+    assert first["changed"] == second["changed"] == 1 and second["token"] > first["token"] > 0
+    assert row() == (2, second["token"])

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 import ylock
+from tests.helpers import wait_until
 from ylock.testing.postgres import PostgresServer
 
 _figures: list[tuple[str, str]] = []
@@ -61,3 +62,47 @@ def advisory_rows(observer: psycopg.Connection[Any], pids: list[int] | None = No
     rows = observer.execute("SELECT pid, mode, granted FROM pg_locks WHERE locktype = 'advisory' "
                             "ORDER BY granted DESC, waitstart NULLS FIRST").fetchall()
     return [r for r in rows if pids is None or r[0] in pids]
+
+
+#: What pooled_backends() reads on each server backend: the settings ylock gives its lock
+#: connections, and what else a session can leave behind.
+STATE = ("SELECT pg_backend_pid(), current_setting('statement_timeout'), current_setting('lock_timeout'), "
+         "current_setting('idle_session_timeout'), current_setting('idle_in_transaction_session_timeout'), "
+         "current_setting('synchronous_commit'), current_setting('client_connection_check_interval'), "
+         "(SELECT count(*) FROM pg_prepared_statements), "
+         "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())")
+STATE_NAMES = ("statement_timeout", "lock_timeout", "idle_session_timeout", "idle_in_transaction_session_timeout",
+               "synchronous_commit", "client_connection_check_interval", "prepared",
+               "advisory")
+
+
+def pooled_backends(bouncer: Any, role: str) -> dict[int, dict[str, Any]]:
+    """What every server backend of ``bouncer``'s pool for ``role`` carries (pid -> STATE_NAMES):
+    as many clients as it has server connections each open a transaction (which pins one
+    backend to each, so together they see them all) and read it."""
+    def servers_of(busy: bool) -> set[int]:
+        return {int(r["remote_pid"]) for r in bouncer.show("SERVERS")
+                if r["user"] == role and (r["state"] != "idle") == busy}
+    # Clients that closed are gone from the pooler a moment later, and a server session it
+    # took back may be reset or checked first: wait until every one is idle (the test
+    # closed its engines), so that the pinning clients are handed exactly those.
+    wait_until(lambda: not servers_of(busy=True), what="every server session of the pool idle")
+    servers = servers_of(busy=False)
+    seen: dict[int, dict[str, Any]] = {}
+    clients: list[psycopg.Connection[Any]] = []
+    try:
+        for _ in range(len(servers) + 3):
+            if servers <= set(seen):
+                break
+            conn = psycopg.connect(bouncer.url_for(role), autocommit=False, prepare_threshold=None,
+                                   connect_timeout=10)
+            clients.append(conn)
+            row = conn.execute(STATE).fetchone()
+            assert row is not None
+            seen[int(row[0])] = dict(zip(STATE_NAMES, row[1:]))
+    finally:
+        for conn in clients:
+            conn.rollback()
+            conn.close()
+    assert servers <= set(seen), f"server backends {servers} not all seen: {sorted(seen)}"
+    return seen

@@ -1,13 +1,17 @@
 """Lock waits and holds as OpenTelemetry spans (the SDK's in-memory exporter), and a
-waiter's wait span linked to the span of the holder it waited for, across processes."""
+waiter's wait span linked to the hold span of the holder it waited for, across processes."""
 from __future__ import annotations
 
+import asyncio
+import json
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -73,34 +77,166 @@ def test_a_lost_hold_ends_its_span_in_error(spans, redis_engine, group) -> None:
     assert [e.name for e in hold.events] == ["ylock.lost"]
 
 
-def test_the_wait_links_to_the_holder_in_another_process(spans, redis_server, group) -> None:
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import sys, ylock, ylock.tracing
-        from opentelemetry.sdk.trace import TracerProvider
-        provider = TracerProvider()
-        ylock.tracing.enable(provider)
-        tracer = provider.get_tracer("holder")
-        lock = ylock.Lock(ylock.engine_from_url({redis_server.url!r}), {group!r}, "n")
-        with tracer.start_as_current_span("holder's request") as span:
+# The holder, in a process of its own (argv: engine URL, group, "own span" or "no span"):
+# traces with its own SDK provider and in-memory exporter, holds the lock inside a
+# description of what it is doing (and inside a span of its own, or none), says "held" and
+# its pid, releases when told, then prints its exported spans as JSON.
+HOLDER = textwrap.dedent("""
+    import json, os, sys, ylock, ylock.tracing
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    ylock.tracing.enable(provider)
+    url, group, case = sys.argv[1:]
+    lock = ylock.Lock(ylock.engine_from_url(url), group, "n")
+
+    def hold():
+        with ylock.context("nightly export", batch=7):
             lock.lock()
-            print(format(span.get_span_context().span_id, "016x"), flush=True)
-            sys.stdin.readline()
-            lock.unlock()
-        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        print("held", os.getpid(), flush=True)
+        sys.stdin.readline()
+        lock.unlock()
+
+    if case == "own span":
+        with provider.get_tracer("holder").start_as_current_span("holder's job"):
+            hold()
+    else:
+        hold()
+    print(json.dumps([{"name": s.name, "trace_id": s.context.trace_id, "span_id": s.context.span_id,
+                       "parent": s.parent.span_id if s.parent else None, "start": s.start_time}
+                      for s in exporter.get_finished_spans()]), flush=True)
+""")
+
+
+@pytest.fixture(params=["redis", "zookeeper", "postgres"])
+def engine_url(request: pytest.FixtureRequest) -> str:
+    """The URL of a server of each engine that two processes can share."""
+    if request.param == "zookeeper":
+        return request.getfixturevalue("zookeeper_server").url("/contract") + "?session_timeout=4"  # type: ignore[no-any-return]
+    return request.getfixturevalue(f"{request.param}_server").url  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("case", ["no span", "own span"])
+def test_the_wait_links_to_the_holders_hold_span_in_another_process(spans, engine_url, group, case) -> None:
+    """A holder in another process, with no span of its own (a script, an untraced worker)
+    or inside one: the waiter's wait span links to the holder's own ylock hold span (its
+    trace and span ids, as the holder exported it), with what the holder said it was doing,
+    its host, pid and since when as the link's attributes."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, engine_url, group, case],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    engine = ylock.engine_from_url(engine_url)
     try:
-        holder_span = holder.stdout.readline().strip()
-        assert len(holder_span) == 16
-        engine = ylock.engine_from_url(redis_server.url)
-        waiter = Runner(lambda: ylock.Lock(engine, group, "n").lock(timeout=20))
+        said, pid = holder.stdout.readline().split()   # type: ignore[union-attr]
+        assert said == "held"
+        lock = ylock.Lock(engine, group, "n")
+
+        def wait() -> dict:
+            with lock.write(timeout=20):      # handed over by the holder's release (fair or not)
+                return dict(engine.describe_lock(group, "n").context[ylock.current_owner()])
+
+        waiter = Runner(wait)
         waiter.start()
         wait_until(lambda: any(i.waiters for i in engine.describe(group)), what="the waiter queued")
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        waiter.outcome(20)
+        holder.stdin.write("\n")   # type: ignore[union-attr]
+        holder.stdin.flush()   # type: ignore[union-attr]
+        waiter_said = waiter.outcome(20)
+        exported = json.loads(holder.stdout.readline())   # type: ignore[union-attr]
     finally:
-        holder.wait(10)
+        holder.wait(20)
+        engine.close()
+    hold, = [s for s in exported if s["name"].startswith("ylock hold")]
+    if case == "own span":
+        own, = [s for s in exported if s["name"] == "holder's job"]
+        assert hold["trace_id"] == own["trace_id"] and hold["parent"] == own["span_id"]
+    else:
+        assert hold["parent"] is None
     wait, = [s for s in named(spans, "ylock wait") if s.attributes["ylock.outcome"] == "acquired"]
-    assert [format(link.context.span_id, "016x") for link in wait.links] == [holder_span]
+    link, = wait.links
+    assert (link.context.trace_id, link.context.span_id) == (hold["trace_id"], hold["span_id"])
+    attributes = dict(link.attributes)
+    assert attributes["ylock.holder"].split(":")[1] == pid
+    assert attributes["ylock.holder.what"] == "nightly export" and attributes["ylock.holder.batch"] == 7
+    assert attributes["ylock.holder.pid"] == int(pid) and attributes["ylock.holder.host"]
+    assert abs(attributes["ylock.holder.since"] - hold["start"] / 1e9) < 5
+    assert "ylock.holder.traceparent" not in attributes
+    waiter_hold, = named(spans, "ylock hold")      # the waiter's own note names its hold span too
+    assert waiter_said["traceparent"].split("-")[1:3] == [f"{waiter_hold.context.trace_id:032x}",
+                                                          f"{waiter_hold.context.span_id:016x}"]
+
+
+def test_a_semaphore_wait_links_to_the_hold_span_of_the_permit_holder(spans, redis_engine, group) -> None:
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with ylock.context("holds the only permit"), ylock.Semaphore(redis_engine, group, "s", permits=1).hold(5):
+            holding.set()
+            release.wait(10)
+
+    holder = Runner(hold)
+    holder.start()
+    assert holding.wait(10)
+    waiter = Runner(lambda: ylock.Semaphore(redis_engine, group, "s", permits=1).try_acquire(0.2))
+    waiter.start()
+    assert waiter.outcome() is False
+    release.set()
+    holder.outcome()
+    hold_span, = named(spans, "ylock hold")
+    wait, = [s for s in named(spans, "ylock wait") if s.attributes["ylock.outcome"] == "timed_out"]
+    link, = wait.links
+    assert (link.context.trace_id, link.context.span_id) == (hold_span.context.trace_id, hold_span.context.span_id)
+    assert link.attributes["ylock.holder.what"] == "holds the only permit"
+
+
+def test_the_hold_stores_its_own_span_first_whatever_else_it_says(spans, local_engine, group) -> None:
+    """The ``traceparent`` a hold stores is its hold span's, and survives a description too
+    long for the holder note (the rest is cut, not the link)."""
+    lock = ylock.Lock(local_engine, group, "n")
+    with ylock.context("x" * 190, more="y" * 190, still_more="z" * 190):
+        with lock.write():
+            info, = local_engine.describe(group)
+    hold, = named(spans, "ylock hold")
+    said = info.context[info.owners[0]]
+    assert said["traceparent"] == f"00-{hold.context.trace_id:032x}-{hold.context.span_id:016x}-03"
+    assert said["what"] == "x" * 190 and "still_more" not in said   # the note is bounded; the link kept
+
+
+def test_an_asyncio_hold_stores_its_own_span(spans, local_engine, group) -> None:
+    lock = ylock.Lock(local_engine, group, "n")
+
+    async def hold() -> dict:
+        async with lock.write():
+            info, = local_engine.describe(group)
+            return dict(info.context[info.owners[0]])
+
+    said = asyncio.run(hold())
+    hold_span, = named(spans, "ylock hold")
+    assert said["traceparent"].split("-")[2] == f"{hold_span.context.span_id:016x}"
+
+
+class NotTheSDK(trace.TracerProvider):
+    """An OpenTelemetry implementation other than the SDK's: its tracer has no id generator."""
+
+    def get_tracer(self, *args: object, **kwargs: object) -> trace.Tracer:
+        return trace.NoOpTracer()
+
+
+def test_a_tracer_that_cannot_be_given_ids_stores_no_traceparent(local_engine, group) -> None:
+    """Holds are traced, their notes name no span (a link to a span that never exists would
+    mislead), and the waits, unlinked, go on as ever."""
+    ylock.tracing.enable(NotTheSDK())
+    try:
+        lock = ylock.Lock(local_engine, group, "n")
+        with ylock.context("job"), lock.write():
+            info, = local_engine.describe(group)
+            waiter = Runner(lambda: ylock.Lock(local_engine, group, "n").try_lock(0.05))
+            waiter.start()
+            assert waiter.outcome() is False
+        assert dict(info.context[info.owners[0]]).keys() == {"what", "host", "pid", "since"}
+    finally:
+        ylock.tracing.disable()
 
 
 def test_no_tracing_no_spans_and_no_extra_round_trip(redis_engine, group) -> None:
@@ -142,16 +278,20 @@ GLOBAL_PROVIDER = textwrap.dedent("""
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)          # the application configures OpenTelemetry later
     with holder.write():
-        pass
+        said, = [c for i in engine.describe(sys.argv[2]) for c in i.context.values()]
     print("spans", sorted(s.name.split()[1] for s in exporter.get_finished_spans()))
+    hold, = [s for s in exporter.get_finished_spans() if s.name.startswith("ylock hold")]
+    print("stored its hold span", said["traceparent"].split("-")[2] == format(hold.context.span_id, "016x"))
 """)
 
 
 def test_enabled_before_a_provider_is_configured_costs_nothing_until_one_is(redis_server, group) -> None:
     """``enable()`` while OpenTelemetry has no provider: acquisitions go the untraced way (no
     read of the holders for links, no spans); once the application sets a provider, the next
-    acquisition is traced (in a child process: the global provider can be set once)."""
+    acquisition is traced, its hold storing its hold span's ids (in a child process: the
+    global provider can be set once)."""
     done = subprocess.run([sys.executable, "-c", GLOBAL_PROVIDER, redis_server.url, group], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["untraced 0", "spans ['hold', 'wait']"], done.stdout
+    assert done.stdout.splitlines() == ["untraced 0", "spans ['hold', 'wait']", "stored its hold span True"], \
+        done.stdout

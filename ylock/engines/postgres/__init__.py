@@ -43,14 +43,27 @@ SIGKILLed holder's lock is taken over in about 15 ms, a SIGSTOPped one's after i
 (1.00 s for a 1 s lease, both scopes), a cut-off one's after its lease (2.0 s for 2 s).
 
 **Fencing.** The acquiring statement draws the token (``nextval`` of ``<prefix>_fence``)
-after the grant, in the same round trip. Tokens increase across all names; the sequence
-does not go back after a crash (lock connections set ``synchronous_commit=on``), but can
-after a failover to an asynchronous replica.
+after the grant, in the same round trip. Tokens increase across all names. A sequence
+WAL-logs a value 32 ahead of the one it hands out (once per 32 values, and at the first
+``nextval`` after a checkpoint); after a crash, or on a promoted replica, it continues past
+the last logged value it has, so a token never repeats if the WAL record that covers it
+was flushed (crash) or had reached the replica (promotion). In session scope the
+acquisition that writes that record commits it before its token is returned, with
+``synchronous_commit=on`` (flushed, and waited for by synchronous standbys): tokens do not
+repeat after a crash, nor after a promotion of a synchronous standby; after a promotion of
+an asynchronous one, the tokens drawn in the replication lag can. In transaction scope the
+record is committed with the hold, at its release: a crash or a failover during a hold
+can hand its token again. A promotion ends every hold (advisory locks live in the old
+primary's memory); holders learn it at their next heartbeat.
 
 **Transaction scope** (``?scope=transaction``): each hold is a transaction on its lock
 connection, ``BEGIN`` + ``pg_advisory_xact_lock`` in one round trip, released by ``COMMIT``;
 the lease is ``idle_in_transaction_session_timeout``. It works through a pooler in
-transaction mode (:mod:`~ylock.engines.postgres.poolers`). Differences: a downgraded hold
+transaction mode, where every setting it makes is local to the hold's transaction (nothing
+stays on a pooled server session). A session-scope engine refuses such a pooler: a
+:class:`~ylock.ConfigurationError` at its first connection, before it sets or locks
+anything (:mod:`~ylock.engines.postgres.poolers`); behind a pooler in session mode it works,
+and says ``DISCARD ALL`` before it closes a connection. Differences: a downgraded hold
 stays exclusive until its read lock is released too (a transaction lock cannot be released
 alone), a semaphore's head waiter polls instead of being notified, and each hold keeps a
 transaction open (do not hold for hours: it holds back vacuum if it drew a new sequence

@@ -7,6 +7,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -15,7 +16,7 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ylock import options as opt
-from ylock.engines.postgres.wire import Exchange
+from ylock.engines.postgres.wire import Exchange, drive, query_io
 from ylock.errors import ConfigurationError
 
 
@@ -36,7 +37,7 @@ class Conn:
     __slots__ = ("pg", "pid", "proxied", "busy", "pending", "reused", "answered", "broken", "cut", "hold", "key",
                  "modes", "token", "listening", "channel", "queue_key")
 
-    def __init__(self, pg: Any, pid: int, proxied: bool) -> None:
+    def __init__(self, pg: Any, pid: int, proxied: bool | None) -> None:
         self.pg = pg
         self.pid = pid
         self.proxied = proxied
@@ -58,6 +59,18 @@ class Conn:
         self.broken = True
         with contextlib.suppress(Exception):
             self.pg.finish()
+
+    def retire(self, timeout: float = 1.0) -> None:
+        """Close a healthy session-scope connection that may go through a pooler in session
+        mode, which would hand its server session to its next client with what ylock left on
+        it (settings, prepared statements, a lock: PgBouncer's ``server_reset_query`` cleans
+        it, unless it is turned off). Say ``DISCARD ALL`` first and wait for the answer (at
+        most ``timeout`` seconds): a pooler that sees its client leave while the server
+        session is still busy closes that session, and the next client pays for a new one."""
+        if self.proxied is not False and not self.broken and self.pending is None:
+            with contextlib.suppress(Exception):
+                drive(query_io(self.pg, [lambda pg: pg.send_query(b"DISCARD ALL")]), time.monotonic() + timeout)
+        self.close()
 
 
 def keepalive_timing(keepalive: float) -> tuple[int, int]:
@@ -110,14 +123,19 @@ def session_settings(keepalive: float, local: bool = False) -> str:
     return "".join(f"set_config('{k}', '{v}', {'true' if local else 'false'}), " for k, v in settings.items())
 
 
-def proxied(pg: Any, server_port: bytes | None, client_port: bytes | None) -> bool:
-    """Return whether the server sees other ports than ours: a proxy in between (what it
-    means is :mod:`~ylock.engines.postgres.poolers`' to judge)."""
-    if server_port is None or client_port is None:
-        return False                               # a unix socket
+def proxied(pg: Any, server_port: bytes | None, client_port: bytes | None) -> bool | None:
+    """Return whether something stands between us and the server (what it means is
+    :mod:`~ylock.engines.postgres.poolers`' to judge): True if the server sees other ends
+    than ours (other TCP ports, or a unix socket where we have TCP), False for a direct TCP
+    connection, None when it cannot tell (unix sockets at both ends)."""
     try:
         with socket.socket(fileno=os.dup(pg.socket)) as sock:
+            family = sock.family
+            if family == socket.AF_UNIX:
+                return None if server_port is None else True
             local, remote = sock.getsockname(), sock.getpeername()
     except OSError:
-        return False
+        return None
+    if server_port is None or client_port is None:
+        return True                                # we speak TCP, the server sees a unix socket
     return int(server_port) != int(remote[1]) or int(client_port) != int(local[1])

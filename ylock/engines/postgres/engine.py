@@ -28,10 +28,10 @@ from ylock.engines.postgres.executor import Executor
 from ylock.engines.postgres.inspection import adopt_steps, lock_infos
 from ylock.engines.postgres.ops import Query, Stmt
 from ylock.engines.postgres.pool import Pool
-from ylock.engines.postgres.poolers import detect_steps, verdict
+from ylock.engines.postgres.poolers import STATEMENT_MODE, detect_io, pooler_error, statement_mode, verdict
 from ylock.engines.postgres.sql import Statements, advisory_key, channel, halves
 from ylock.engines.postgres.steps import HoldSteps, kind_of
-from ylock.engines.postgres.wire import Broken, NoAnswer, ServerError
+from ylock.engines.postgres.wire import Broken, NoAnswer, ServerError, drive
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError, LockTimeout
 from ylock.holds import HOLDS
 
@@ -70,8 +70,10 @@ class PostgresEngine(Engine):
 
     def _reset_state(self) -> None:
         """Start with no connections (a new engine, or a forked child's copy)."""
-        self._pool = Pool(self.max_connections, self.idle_connections, self.connect_timeout, self.url_for_display)
-        self._executor = Executor(self.sql, self.conninfo, session_settings(self.keepalive), self.url_for_display)
+        self._pool = Pool(self.max_connections, self.idle_connections, self.connect_timeout, self.url_for_display,
+                          session=self.scope == "session")
+        self._executor = Executor(self.sql, self.conninfo, session_settings(self.keepalive), self.url_for_display,
+                                  check_pooler=self.pooler == "check")
         self._steps = HoldSteps(self._pool, prefix=self.prefix, scope=self.scope, socket_timeout=self.socket_timeout,
                                 app_name=self.app_name, local_settings=session_settings(self.keepalive, local=True),
                                 where=self.url_for_display)
@@ -100,15 +102,26 @@ class PostgresEngine(Engine):
     def _translate(self, exc: Exception, group: str | None = None, name: str | None = None) -> Exception:
         """Return the ylock error for a driver's or the server's error."""
         where = self.url_for_display()
+        if isinstance(exc, ConfigurationError) and exc.name is None and name is not None:
+            # Found while opening a connection (the pooler check, the server's version): the
+            # connection serves this lock, so the error names it too.
+            named = ConfigurationError(exc.problem, code=exc.code, hint=exc.hint, group=group, name=name)
+            named.__cause__ = exc.__cause__
+            return named
         if isinstance(exc, LockError):
             return exc
         if isinstance(exc, NoAnswer):
             return EngineUnavailable(f"PostgreSQL at {where} did not answer within its timeout (socket_timeout "
                                      f"{self.socket_timeout:g} s); the connection was closed", group=group, name=name)
+        if isinstance(exc, Broken) and STATEMENT_MODE in str(exc):
+            return statement_mode(where, group, name)
         if isinstance(exc, (Broken, OSError, psycopg.Error)):
             return EngineUnavailable(f"PostgreSQL at {where} is unavailable: {exc}", group=group, name=name)
         if isinstance(exc, ServerError):
             state = exc.sqlstate
+            collided = pooler_error(exc, where, group, name) if self.scope == "session" else None
+            if collided is not None:
+                return collided
             if state == "55P03":
                 return LockTimeout(f"lock_timeout: {exc.message}", group=group, name=name)
             if state[:2] in ("08", "28", "3D", "53") or state[:3] == "57P" or exc.fatal:
@@ -207,14 +220,18 @@ class PostgresEngine(Engine):
         """Look for a connection pooler between this engine and PostgreSQL that would break
         session locks; return what was found (a sentence for a warning), or None.
 
-        Connects (use it from deployment checks, not on every request). Two signs: the ports
-        that the server sees differ from ours (a proxy of some kind: a TCP proxy or a pooler
-        in session mode is harmless), and two client connections served by the same server
-        backend (a pooler in transaction or statement mode: certain, when the pooler is
-        quiet enough to hand the second the backend the first just used, as pgbouncer does).
-        See :mod:`~ylock.engines.postgres.poolers`."""
-        proxied, shared = self._run(detect_steps(self._pool, self.connect_timeout, self.socket_timeout))
-        return verdict(proxied, shared, self.scope, self.pooler, self.url_for_display())
+        Connects twice more, and a few times more behind a proxy (use it from deployment
+        checks, not on every request); sets nothing on the server. Proof of a pooler in
+        transaction or statement mode: one client session runs on several server backends;
+        of one that keeps sessions: a new client connection is handed the backend of one
+        just closed; a proxy that is neither (the server sees other ports than ours) is
+        reported as unknown. See :mod:`~ylock.engines.postgres.poolers`."""
+        end = time.monotonic() + 5 * self.connect_timeout + 4 * self.socket_timeout
+        try:
+            found = drive(detect_io(self.conninfo), end)
+        except Exception as exc:
+            raise self._translate(exc) from exc
+        return verdict(found, self.scope, self.pooler, self.url_for_display())
 
     # -- life cycle ---------------------------------------------------------------------------------------
 

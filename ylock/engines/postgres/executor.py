@@ -11,6 +11,7 @@ from typing import Any
 from ylock import options as opt
 from ylock.engines.postgres.connection import Conn, proxied
 from ylock.engines.postgres.ops import Cancel, Claim, Notified, Open, Query, Sleep, Stmt, Wait
+from ylock.engines.postgres.poolers import IDENTITY, needs_probe, pooler_error, probe_io, refusal, statement_mode
 from ylock.engines.postgres.sql import PREPARED, WHO, Statements
 from ylock.engines.postgres.wire import (
     Broken,
@@ -34,11 +35,21 @@ class Executor:
     """Do the steps' operations for one engine: its statements (prepared in session scope),
     its connection string and session settings."""
 
-    def __init__(self, sql: Statements, conninfo: bytes, settings: str, where: Callable[[], str]) -> None:
+    def __init__(self, sql: Statements, conninfo: bytes, settings: str, where: Callable[[], str],
+                 check_pooler: bool = False) -> None:
         self.sql = sql
         self.conninfo = conninfo
         self.where = where
         self.prepared = sql.scope == "session"
+        # Look for a pooler on the first connection, before it sets anything (see poolers):
+        # session scope refuses one in transaction mode (then every connection), both scopes
+        # one in statement mode.
+        self.check_pooler = check_pooler
+        self.refused = False
+        # Session scope behind a proxy (or ?pooler=session): a pooler in session mode may hand
+        # us a server session a killed client left behind, with its locks and prepared
+        # statements if the pooler's server_reset_query is off: drop them (it is ours now).
+        self.scrub = self.prepared and not check_pooler
         self.texts = {name: make(sql).encode() for name, make in PREPARED.items()}
         self.who = (f"SELECT {settings if self.prepared else ''}{WHO}").encode()
         self.ready = False                     # the tables exist (checked on the first connection)
@@ -189,11 +200,31 @@ class Executor:
 
     def open_io(self) -> Any:
         """Connect and set the session up: its settings and prepared statements, in one
-        pipeline (one round trip); the tables first, on the engine's first connection.
+        pipeline (one round trip); the tables first, on the engine's first connection; and
+        before anything, on the engine's first connection if it is not a direct TCP one,
+        look for a pooler that breaks its locks (:mod:`~ylock.engines.postgres.poolers`).
         Return a :class:`Conn` ready for the pool."""
+        if self.refused:
+            raise refusal(self.where())
         pg = yield from connect_io(self.conninfo)
         pg.notice_handler = _ignore_notice
         try:
+            if self.check_pooler:
+                rows = yield from query_io(pg, [_send_params(IDENTITY, None)])
+                _, server_port, client_port, _ = rows[0][0]
+                if needs_probe(pg, server_port, client_port):
+                    other = yield from connect_io(self.conninfo)
+                    try:
+                        kind = yield from probe_io(pg, other)
+                    finally:
+                        other.finish()
+                    if kind == "statement":
+                        raise statement_mode(self.where())
+                    if kind == "transaction" and self.prepared:
+                        self.refused = True
+                        raise refusal(self.where())
+                    self.scrub = self.prepared
+                self.check_pooler = False
             if not self.ready:
                 setup = self.sql.setup().encode()
                 for attempt in range(3):
@@ -204,11 +235,19 @@ class Executor:
                         if exc.sqlstate not in _DUPLICATE or attempt == 2:
                             raise
                 self.ready = True
-            sends = [_send_params(self.who, None)]
+            sends = [_send_params(text, None) for text in _SCRUB] if self.scrub else []
+            who = len(sends)
+            sends.append(_send_params(self.who, None))
             if self.prepared:
                 sends += [_send_prepare(f"ylock_{name}".encode(), self.texts[name]) for name in PREPARED]
-            results = yield from query_io(pg, sends)
-            pid, server_port, client_port, version = results[0][0][-4:]
+            try:
+                results = yield from query_io(pg, sends)
+            except ServerError as exc:
+                found = pooler_error(exc, self.where()) if self.prepared else None
+                if found is not None:
+                    raise found from exc
+                raise
+            pid, server_port, client_port, version = results[who][0][-4:]
             if int(version or 0) < 140000:
                 raise ConfigurationError(f"PostgreSQL at {self.where()} is version {int(version or 0)}; "
                                          "ylock needs 14 or later", code=opt.E_ENGINE_URL)
@@ -216,6 +255,10 @@ class Executor:
         except BaseException:
             pg.finish()
             raise
+
+
+#: What a session-scope connection behind a proxy drops first (see Executor.scrub).
+_SCRUB = (b"SELECT pg_advisory_unlock_all()", b"DEALLOCATE ALL", b"UNLISTEN *")
 
 
 def _b(value: object) -> bytes:

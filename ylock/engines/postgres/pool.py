@@ -30,7 +30,8 @@ class Pool:
     waits for one, and the held ones by what they carry (:class:`Hold`)."""
 
     def __init__(self, max_connections: int, idle_connections: int, connect_timeout: float,
-                 where: Callable[[], str]) -> None:
+                 where: Callable[[], str], session: bool = False) -> None:
+        self.session = session              # session scope: connections carry state (see Conn.retire)
         self.max_connections = max_connections
         self.idle_connections = idle_connections
         self.connect_timeout = connect_timeout
@@ -111,7 +112,7 @@ class Pool:
             with contextlib.suppress(RuntimeError):
                 conn.busy.release()
         if conn.broken or conn.pending is not None or conn.listening:
-            conn.close()
+            self._close(conn)
             self._free_slot()
             return
         with self.mutex:
@@ -122,11 +123,17 @@ class Pool:
                 self.idle.append(conn)
                 return
             self.open -= 1
-        conn.close()
+        self._close(conn)
+
+    def _close(self, conn: Conn) -> None:
+        if self.session:
+            conn.retire()
+        else:
+            conn.close()
 
     def discard(self, conn: Conn) -> None:
         """Close a connection and give its slot back."""
-        conn.close()
+        self._close(conn)
         self.checkin(conn)
 
     def bind(self, conn: Conn, hold: Hold, key: int, mode: str, token: int) -> None:
@@ -182,9 +189,7 @@ class Pool:
             held = list({id(c): c for c in self.held.values()}.values())
             self.held.clear()
             self.open -= len(idle) + len(held)
-        for conn in idle:
-            conn.close()
-        for conn in held:
-            conn.close()
+        for conn in idle + held:
+            self._close(conn)
         return bool(held)
 

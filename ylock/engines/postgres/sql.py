@@ -136,14 +136,17 @@ class Statements:
         name; NULL: the connection keeps holding other locks, change nothing). $2, $3: the
         key's halves as pg_locks shows them. Checked first, so that nothing
         is unlocked that is not held (the unlock would warn in the server's log). Returns
-        (true if it was held: the grant raced with the failure, ...)."""
-        return ("SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+        (true if it was held: the grant raced with the failure, ...). In transaction scope the
+        settings are local (a pooler's server session is not ours to change: after the
+        ROLLBACK that precedes it, they die with the statement)."""
+        return self._fill(
+                "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
                 "AND granted AND pid = pg_backend_pid() AND classid = $2::oid AND objid = $3::oid "
                 "AND mode = CASE WHEN $4::bool THEN 'ShareLock' ELSE 'ExclusiveLock' END) "
                 "THEN CASE WHEN $4::bool THEN pg_advisory_unlock_shared($1) ELSE pg_advisory_unlock($1) END "
                 "ELSE false END, set_config('idle_session_timeout', CASE WHEN $5::text IS NULL THEN "
-                "current_setting('idle_session_timeout') ELSE '0' END, false), "
-                "set_config('application_name', coalesce($5, current_setting('application_name')), false)")
+                "current_setting('idle_session_timeout') ELSE '0' END, {local}), "
+                "set_config('application_name', coalesce($5, current_setting('application_name')), {local})")
 
     # -- semaphores ------------------------------------------------------------------------
     #
