@@ -71,6 +71,12 @@ def _master_pool(pool: Any) -> bool:
     return bool(getattr(pool, "is_master", False)) and hasattr(pool, "sentinel_manager")
 
 
+def _moved(conn: Any, master: tuple[str, int] | None) -> bool:
+    """Whether ``conn`` is connected elsewhere than the master its Sentinel pool knows (not
+    known yet: no)."""
+    return master is not None and (conn.host, conn.port) != master
+
+
 def _busy(share: int) -> rex.ConnectionError:
     return rex.ConnectionError(f"all {share} connections of the lock path stayed busy for the call's whole time "
                                "(raise max_connections?)")
@@ -107,7 +113,7 @@ class DirectCalls:
         except IndexError:
             conn = self.checkout(end)
         if conn.__dict__.get("ylock_epoch") != self.epoch or (
-                self._sentinel and (conn.host, conn.port) != self.pool.master_address):
+                self._sentinel and _moved(conn, self.pool.master_address)):
             conn.disconnect()          # parked before a fault, or on a master Sentinel replaced
             conn.ylock_epoch = self.epoch
         try:
@@ -239,7 +245,7 @@ class AsyncDirectCalls:
         except IndexError:
             conn = await self.checkout(end)
         if conn.__dict__.get("ylock_epoch") != self.epoch or (
-                self._sentinel and (conn.host, conn.port) != self.pool.master_address):
+                self._sentinel and _moved(conn, self.pool.master_address)):
             await conn.disconnect(nowait=True)    # see DirectCalls
             conn.ylock_epoch = self.epoch
         try:
