@@ -213,17 +213,38 @@ def test_master_stalled_past_the_failover_then_resumed(sentinel, group, tmp_path
     old_port = sentinel.master.port
     assert sentinel.master.proc is not None
     pid = sentinel.master.proc.pid
+    # A process with three connections parked on the master, one of which meets the stall.
+    probe = ylock.engine_from_url(url)
+    ylock.Lock(probe, group, "probe").try_lock()
+    ylock.Lock(probe, group, "probe").unlock()
+    calls = probe._call
+    parked = [calls.checkout(None) for _ in range(3)]
+    for conn in parked:
+        calls.checkin(conn)
     load = Load(url, group, tmp_path)
     try:
         _grants_during(load, 0.3, "grants before the fault")
         os.kill(pid, signal.SIGSTOP)
         stopped = time.time()
         try:
-            sentinel.wait_master_moved(old_port, timeout=30)
+            with pytest.raises(ylock.EngineUnavailable):
+                ylock.Lock(probe, group, "probe").try_lock(timeout=0.2)
+            new_port = sentinel.wait_master_moved(old_port, timeout=30)
             _grants_during(load, 0.3, "grants from the promoted replica")
         finally:
             os.kill(pid, signal.SIGCONT)
         resumed = time.time()
+        # Every parked connection of the probe reconnects through the Sentinels: its holds
+        # are on the new master, none on the resumed old one.
+        on_old = on_new = 0
+        for i in range(len(parked)):
+            calls.idle.append(calls.idle.pop(0))          # each parked connection in turn
+            lock = ylock.Lock(probe, group, f"probe-{i}")
+            with lock:
+                key = probe.keys.x(group, f"probe-{i}", "write")
+                on_old += redis.Redis(port=old_port, socket_timeout=2).exists(key)
+                on_new += redis.Redis(port=new_port, socket_timeout=2).exists(key)
+        probe.close()
         # Positive control: the resumed old master is still a master for a while (Sentinel
         # demotes it later): a split brain that clients could be granted on.
         role = redis.Redis(port=old_port, socket_timeout=2).execute_command("ROLE")[0]
@@ -233,11 +254,16 @@ def test_master_stalled_past_the_failover_then_resumed(sentinel, group, tmp_path
         _grants_during(load, 1.5, "grants after the old master resumed")
     finally:
         acquisitions, _ = load.finish()
+    # The clients' own holds never overlap: each one dropped its parked connections when
+    # its calls to the stalled master failed, and reconnected through the Sentinels.
+    workers = check_history(acquisitions, overlaps_allowed=False)
     acquisitions = sorted(acquisitions + stale, key=lambda a: a.granted)
     figures = check_history(acquisitions, overlaps_allowed=True)
+    print(f"workers alone: {workers}")
     print(f"stalled master, min-replicas-to-write {min_replicas}: {figures}; the resumed old master "
           f"answered ROLE {role!r} and granted {len(stale)} of 3 acquisitions")
     assert role == b"master"
+    assert (on_old, on_new) == (0, 3)
     if min_replicas:
         assert not stale, "a master without replicas refuses writes under min-replicas-to-write"
     else:
