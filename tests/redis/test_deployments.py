@@ -2,6 +2,9 @@
 survive SCRIPT FLUSH, per-lock key prefixes."""
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +15,7 @@ import redis
 
 import ylock
 from ylock.testing import free_port
-from ylock.testing.redis import RedisServer
+from ylock.testing.redis import RedisCluster, RedisServer
 
 
 def test_scripts_survive_script_flush(redis_server, group):
@@ -121,3 +124,42 @@ def test_embedded_server_stops_when_a_threaded_process_exits(tmp_path):
         time.sleep(0.05)
     alive = Path(f"/proc/{pid}").exists() and "redis" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
     assert not alive, f"the embedded redis-server {pid} outlived its process"
+
+
+@pytest.fixture(scope="module")
+def replicated_cluster():
+    cluster = RedisCluster(3, replicas=1).start()
+    yield cluster
+    cluster.stop()
+
+
+def test_wait_replicas_on_a_cluster_confirms_or_refuses(replicated_cluster, group):
+    # The script and WAIT go back to back on the slot owner's connection (a Cluster
+    # pipeline refuses scripts): acquisitions succeed while the owner's replica follows,
+    # and fail, released, while it is paused.
+    engine = ylock.engine_from_url(replicated_cluster.url + "?wait_replicas=1&wait_timeout=0.3")
+    lock = ylock.Lock(engine, group, "n")
+    for _ in range(3):
+        with lock:
+            assert lock.held()
+
+    async def take() -> int:
+        async with ylock.Lock(engine, group, "n") as held:
+            return held.token
+
+    assert asyncio.run(take()) > 0
+    owner = engine.client.get_node_from_key(engine.keys.x(group, "n", "write")).port
+    replica = replicated_cluster.replicas_of(owner)[0]
+    assert replica.proc is not None
+    os.kill(replica.proc.pid, signal.SIGSTOP)       # shorter than the node timeout: no failover
+    try:
+        with pytest.raises(ylock.EngineUnavailable, match="only 0 of 1 replicas"):
+            lock.lock(timeout=1)
+        with pytest.raises(ylock.EngineUnavailable, match="only 0 of 1 replicas"):
+            asyncio.run(take())
+    finally:
+        os.kill(replica.proc.pid, signal.SIGCONT)
+    assert list(engine.describe(group)) == []       # the unconfirmed holds were released
+    with lock:
+        assert lock.held()
+    engine.close()

@@ -94,3 +94,33 @@ def test_threads_that_come_and_go_reuse_connections(redis_server, group):
     assert _clients(admin, "ylock-direct-threads") <= 4
     engine.close()
     assert _clients_once_settled(admin, "ylock-direct-threads", 0) == 0
+
+
+def test_a_server_no_longer_master_drops_every_parked_connection():
+    # A READONLY reply on one lock-path connection (its server became a replica, as a
+    # failover makes of an old master) makes every parked connection reconnect before its
+    # next use, so that none keeps talking to that server.
+    server, other = RedisServer().start(), RedisServer().start()
+    pool = redis.ConnectionPool.from_url(server.url)
+    calls = DirectCalls(pool)
+    try:
+        held = [calls.checkout(None) for _ in range(3)]
+        for conn in held:
+            calls.checkin(conn)
+        assert calls("PING") == b"PONG"
+        assert all(c._sock is not None for c in calls.idle)
+        sockets = {id(c): c._sock for c in calls.idle}
+        admin = redis.Redis.from_url(server.url)
+        admin.replicaof("127.0.0.1", other.port)
+        with pytest.raises(redis.exceptions.ReadOnlyError):
+            calls("EVAL", "return redis.call('SET', KEYS[1], 'v')", 1, "k")
+        admin.replicaof("NO", "ONE")
+        for _ in range(len(held)):                    # each parked connection in turn
+            conn = calls.idle.pop(0)
+            calls.idle.append(conn)
+            assert calls("EVAL", "return redis.call('SET', KEYS[1], 'v')", 1, "k") == b"OK"
+        assert all(c._sock is not None and c._sock is not sockets[id(c)] for c in calls.idle)
+    finally:
+        pool.disconnect()
+        server.stop()
+        other.stop()

@@ -179,15 +179,19 @@ class RedisServer(ServerProcess):
 
 
 class RedisCluster:
-    """A Redis Cluster of ``masters`` masters (no replicas) on free ports."""
+    """A Redis Cluster of ``masters`` masters, each with ``replicas`` replicas, on free ports
+    (``node_timeout`` ms: how long a node may stay silent before a failover)."""
 
-    def __init__(self, masters: int = 3, tls: TlsFiles | None = None) -> None:
+    def __init__(self, masters: int = 3, replicas: int = 0, node_timeout: int = 2000,
+                 tls: TlsFiles | None = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="ylock-cluster-")
+        self.replicas = replicas
         self.tls = tls
         bus = ("--tls-cluster", "yes") if tls else ()
-        self.nodes = [RedisServer("--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
+        self.nodes = [RedisServer("--cluster-enabled", "yes", "--cluster-node-timeout", str(node_timeout),
                                   "--cluster-config-file", f"nodes-{i}.conf", *bus,
-                                  directory=os.path.join(self.dir, str(i)), tls=tls) for i in range(masters)]
+                                  directory=os.path.join(self.dir, str(i)), tls=tls)
+                      for i in range(masters * (1 + replicas))]
 
     @property
     def url(self) -> str:
@@ -204,7 +208,7 @@ class RedisCluster:
             node.start()
         addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
         result = subprocess.run([_binary("redis-cli"), "--cluster", "create", *addresses,
-                                 "--cluster-replicas", "0", "--cluster-yes"],
+                                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                                 capture_output=True, text=True, timeout=60)
         if result.returncode != 0:
             raise ServerError(f"redis-cli --cluster create failed:\n{result.stdout}\n{result.stderr}")
@@ -224,10 +228,29 @@ class RedisCluster:
                     states.append(ok)
                 except redis.exceptions.RedisError:
                     states.append(False)
-            if all(states):
+            if all(states) and all(self._replica_linked(n) for n in self.nodes):
                 return
             time.sleep(0.1)
         raise ServerError("redis cluster did not reach cluster_state:ok")
+
+    @staticmethod
+    def _replica_linked(node: RedisServer) -> bool:
+        """A master, or a replica whose link to its master is up (synced)."""
+        import redis
+
+        try:
+            info = redis.Redis(port=node.port, socket_timeout=1).info("replication")
+        except redis.exceptions.RedisError:
+            return False
+        return info.get("role") == "master" or info.get("master_link_status") == "up"
+
+    def replicas_of(self, port: int) -> list[RedisServer]:
+        """The replica nodes of the master on ``port``."""
+        import redis
+
+        info = redis.Redis(port=port, socket_timeout=1, decode_responses=True).info("replication")
+        ports = {int(v["port"]) for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)}
+        return [n for n in self.nodes if n.port in ports]
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -238,13 +261,29 @@ class RedisCluster:
 
 
 class RedisSentinel:
-    """A master, a replica and ``sentinels`` Sentinels watching them (master name ``mymaster``)."""
+    """A master, ``replicas`` replicas and ``sentinels`` Sentinels watching them (master name
+    ``mymaster``; ``quorum`` Sentinels must agree that the master is down, which they decide
+    after ``down_after_ms`` of silence). With ``proxied``, the replicas replicate through a
+    :class:`~ylock.testing.proxy.TcpProxy` in front of the master (:attr:`replication`),
+    which a test can delay, drop and cut to hold replication back; the Sentinels and
+    the clients reach the master directly."""
 
     master_name = "mymaster"
 
-    def __init__(self, sentinels: int = 1, tls: TlsFiles | None = None) -> None:
+    def __init__(self, sentinels: int = 1, *, replicas: int = 1, quorum: int = 1, down_after_ms: int = 1000,
+                 failover_timeout_ms: int = 3000, proxied: bool = False, tls: TlsFiles | None = None) -> None:
+        from ylock.testing.proxy import TcpProxy
+
         self.master = RedisServer(tls=tls)
-        self.replica: RedisServer | None = None
+        self.replicas: list[RedisServer] = []
+        self.replica: RedisServer | None = None       # the first replica
+        self.replica_count = replicas
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.replication: TcpProxy | None = None
+        self._proxied = proxied
+        self._proxy_class = TcpProxy
         self.sentinels: list[tuple[int, subprocess.Popen[bytes], Path]] = []
         #: With ``tls``: every sentinel's TLS port; the sentinels reach the master and the
         #: replica, and the replica its master, over TLS only.
@@ -252,6 +291,38 @@ class RedisSentinel:
         self.tls_ports: list[int] = []
         self.count = sentinels
         self.dir = Path(tempfile.mkdtemp(prefix="ylock-sentinel-"))
+
+    @property
+    def servers(self) -> list[RedisServer]:
+        """The master and the replicas, as started (a failover swaps their roles)."""
+        return [self.master, *self.replicas]
+
+    def master_port(self) -> int:
+        """The port of the master the first Sentinel names now."""
+        import redis
+
+        client = redis.Redis(port=self.sentinels[0][0], socket_timeout=2)
+        return int(client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name)[1])
+
+    def wait_master_moved(self, away_from: int, timeout: float = 30.0) -> int:
+        """Wait until every Sentinel names a master other than the one on ``away_from``;
+        return its port."""
+        import redis
+
+        deadline = time.monotonic() + timeout
+        for port, _, _ in self.sentinels:
+            client = redis.Redis(port=port, socket_timeout=1)
+            while True:
+                try:
+                    now = int(client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name)[1])
+                    if now != away_from:
+                        break
+                except redis.exceptions.RedisError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServerError(f"sentinel on {port} still names the master on {away_from}")
+                time.sleep(0.05)
+        return self.master_port()
 
     @property
     def url(self) -> str:
@@ -270,7 +341,13 @@ class RedisSentinel:
         self.master.start()
         tls = self.tls
         master_port = self.master.tls_port if tls else self.master.port
-        self.replica = RedisServer("--replicaof", "127.0.0.1", str(master_port), tls=tls).start()
+        upstream = master_port
+        if self._proxied:
+            self.replication = self._proxy_class(master_port).start()
+            upstream = self.replication.port
+        self.replicas = [RedisServer("--replicaof", "127.0.0.1", str(upstream), tls=tls).start()
+                         for _ in range(self.replica_count)]
+        self.replica = self.replicas[0] if self.replicas else None
         for i in range(self.count):
             for _ in range(5):
                 port = free_port()
@@ -280,9 +357,9 @@ class RedisSentinel:
                 conf = self.dir / f"sentinel-{i}.conf"
                 conf.write_text(
                     f"port {port}\nbind 127.0.0.1\ndir {self.dir}\nlogfile {self.dir}/sentinel-{i}.log\n{tls_conf}"
-                    f"sentinel monitor {self.master_name} 127.0.0.1 {master_port} 1\n"
-                    f"sentinel down-after-milliseconds {self.master_name} 1000\n"
-                    f"sentinel failover-timeout {self.master_name} 3000\n")
+                    f"sentinel monitor {self.master_name} 127.0.0.1 {master_port} {self.quorum}\n"
+                    f"sentinel down-after-milliseconds {self.master_name} {self.down_after_ms}\n"
+                    f"sentinel failover-timeout {self.master_name} {self.failover_timeout_ms}\n")
                 proc = subprocess.Popen([_binary("redis-server"), str(conf), "--sentinel"],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
                 deadline = time.monotonic() + 10
@@ -346,11 +423,13 @@ class RedisSentinel:
             proc.kill()
             proc.wait(10)
         self.master.stop()
-        if self.replica:
-            self.replica.stop()
+        for replica in self.replicas:
+            replica.stop()
+        if self.replication is not None:
+            self.replication.stop()
 
     def read_log(self) -> str:
-        logs = [self.master.read_log(), self.replica.read_log() if self.replica else ""]
+        logs = [server.read_log() for server in self.servers]
         for i in range(len(self.sentinels)):
             try:
                 logs.append((self.dir / f"sentinel-{i}.log").read_text()[-2000:])

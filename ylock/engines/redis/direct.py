@@ -14,6 +14,12 @@ its commands through :class:`DirectCalls` instead, which keeps the same semantic
 * a ``ConnectionError`` (a socket the server dropped, a restart, a Sentinel failover
   demoting the master) disconnects the connection and sends once more on a new one,
   like the engine's redis-py ``Retry`` of one attempt; a ``TimeoutError`` is not retried;
+* a sign that the server may no longer be the master (a connection error or a timeout, a
+  ``READONLY``, ``MOVED``, ``LOADING`` or ``NOREPLICAS`` reply) drops every parked connection: each one
+  reconnects before its next use (on Sentinel asking the Sentinels for the master), so a
+  process never keeps granting on a stalled-then-resumed old master through connections
+  it parked before the failover. On Sentinel a parked connection is also dropped once
+  redis-py's pool learned of another master (any reconnection asks the Sentinels);
 * each call takes a ``timeout`` that bounds all of it, a reconnection and its handshake
   included (the socket's timeout is set per call: redis-py's ``read_response`` takes no
   timeout before redis-py 8), so that an acquisition ends within its deadline plus one
@@ -58,6 +64,22 @@ def lock_path_share(max_connections: int | None) -> int:
     return max(1, max_connections - max(1, min(RESERVE, max_connections // 4)))
 
 
+#: Error replies meaning "not the master (any more)", besides connection errors (LOADING
+#: is a BusyLoadingError, a ConnectionError).
+_NOT_MASTER = (rex.ReadOnlyError, rex.MovedError)
+
+
+def _master_pool(pool: Any) -> bool:
+    """Whether ``pool`` is a Sentinel pool of the master (which knows the master's address)."""
+    return bool(getattr(pool, "is_master", False)) and hasattr(pool, "sentinel_manager")
+
+
+def _moved(conn: Any, master: tuple[str, int] | None) -> bool:
+    """Whether ``conn`` is connected elsewhere than the master its Sentinel pool knows (not
+    known yet: no)."""
+    return master is not None and (conn.host, conn.port) != master
+
+
 def _busy(share: int) -> rex.ConnectionError:
     return rex.ConnectionError(f"all {share} connections of the lock path stayed busy for the call's whole time "
                                "(raise max_connections?)")
@@ -66,11 +88,15 @@ def _busy(share: int) -> rex.ConnectionError:
 class DirectCalls:
     """Send commands over ``pool``'s connections without redis-py's per-command layers."""
 
-    __slots__ = ("pool", "idle", "share", "made", "starved", "_freed", "_wait")
+    __slots__ = ("pool", "idle", "share", "made", "starved", "epoch", "_sentinel", "_freed", "_wait")
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.idle: list[Any] = []
+        #: Bumped when a server may have stopped being the master: a parked connection
+        #: made before reconnects before its next use.
+        self.epoch = 0
+        self._sentinel = _master_pool(pool)
         #: The most connections this takes from the pool (:func:`lock_path_share`).
         self.share = lock_path_share(getattr(pool, "max_connections", None))
         self.made = 0                                 # connections taken from the pool so far
@@ -89,18 +115,25 @@ class DirectCalls:
             conn = self.idle.pop()
         except IndexError:
             conn = self.checkout(end)
+        self._refresh(conn)
         try:
             try:
                 _send(conn, args, end)
                 reply = conn.read_response()
             except rex.ConnectionError:
+                self.fault()
                 conn.disconnect()
                 _send(conn, args, end)      # connects anew, once, within what is left
                 reply = conn.read_response()
-        except rex.ResponseError:
+        except rex.ResponseError as exc:
+            if isinstance(exc, _NOT_MASTER) or str(exc).startswith("NOREPLICAS"):
+                self.fault()
+                conn.disconnect()
             self.checkin(conn)         # an error reply was read whole: the connection is fine
             raise
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, (rex.ConnectionError, rex.TimeoutError, OSError)):
+                self.fault()
             conn.disconnect()          # the next use connects anew; no half-read reply survives
             self.checkin(conn)
             raise
@@ -116,6 +149,7 @@ class DirectCalls:
             conn = self.idle.pop()
         except IndexError:
             conn = self.checkout(end)
+        self._refresh(conn)
         try:
             _send(conn, commands[0], end)
             for args in commands[1:]:
@@ -127,6 +161,21 @@ class DirectCalls:
             raise
         self.checkin(conn)
         return _raise_first_error(replies)
+
+    def _refresh(self, conn: Any) -> None:
+        """Reconnect ``conn`` if it was parked before a fault, or is on a master that
+        Sentinel has replaced."""
+        if conn.__dict__.get("ylock_epoch") != self.epoch or (
+                self._sentinel and _moved(conn, self.pool.master_address)):
+            conn.disconnect()
+            conn.ylock_epoch = self.epoch
+
+    def fault(self) -> None:
+        """The server may no longer be the master: every parked connection reconnects
+        before its next use, and the pool's idle ones are dropped."""
+        self.epoch += 1
+        with contextlib.suppress(Exception):
+            self.pool.disconnect(inuse_connections=False)
 
     def checkout(self, end: float | None) -> Any:
         """Return a connection of the lock path's share for the caller's own use (give it
@@ -151,7 +200,9 @@ class DirectCalls:
                 finally:
                     self.starved -= 1
         try:
-            return self.pool.get_connection()     # redis-py 8 connects here
+            conn = self.pool.get_connection()     # redis-py 8 connects here
+            conn.ylock_epoch = self.epoch
+            return conn
         except BaseException as exc:
             with self._freed:
                 self.made -= 1
@@ -222,11 +273,13 @@ class AsyncDirectCalls:
     call bounded by its ``timeout``. A call cancelled or timed out mid-reply disconnects its
     connection, so no late reply is ever read by the next call."""
 
-    __slots__ = ("pool", "idle", "share", "made", "starved", "_wait")
+    __slots__ = ("pool", "idle", "share", "made", "starved", "epoch", "_sentinel", "_wait")
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.idle: list[Any] = []
+        self.epoch = 0
+        self._sentinel = _master_pool(pool)
         self.share = lock_path_share(getattr(pool, "max_connections", None))
         self.made = 0
         self.starved: collections.deque[Any] = collections.deque()    # futures of callers waiting
@@ -239,18 +292,25 @@ class AsyncDirectCalls:
             conn = idle.pop()
         except IndexError:
             conn = await self.checkout(end)
+        await self._refresh(conn)
         try:
             try:
                 await conn.send_command(*args, check_health=False)
                 reply = await conn.read_response(timeout=_left(end))
             except rex.ConnectionError:
+                self.fault()
                 await conn.disconnect(nowait=True)
                 await conn.send_command(*args, check_health=False)   # connects anew, once
                 reply = await conn.read_response(timeout=_left(end))
-        except rex.ResponseError:
+        except rex.ResponseError as exc:
+            if isinstance(exc, _NOT_MASTER) or str(exc).startswith("NOREPLICAS"):
+                self.fault()
+                await conn.disconnect(nowait=True)
             self.checkin(conn)
             raise
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, (rex.ConnectionError, rex.TimeoutError, OSError)):
+                self.fault()
             await conn.disconnect(nowait=True)
             self.checkin(conn)
             raise
@@ -264,6 +324,7 @@ class AsyncDirectCalls:
             conn = self.idle.pop()
         except IndexError:
             conn = await self.checkout(end)
+        await self._refresh(conn)
         try:
             for args in commands:
                 await conn.send_command(*args, check_health=False)
@@ -280,6 +341,17 @@ class AsyncDirectCalls:
         self.checkin(conn)
         return _raise_first_error(replies)
 
+    async def _refresh(self, conn: Any) -> None:
+        """:meth:`DirectCalls._refresh` in the event loop."""
+        if conn.__dict__.get("ylock_epoch") != self.epoch or (
+                self._sentinel and _moved(conn, self.pool.master_address)):
+            await conn.disconnect(nowait=True)
+            conn.ylock_epoch = self.epoch
+
+    def fault(self) -> None:
+        """:meth:`DirectCalls.fault` (the pool's idle connections reconnect on their next use)."""
+        self.epoch += 1
+
     async def checkout(self, end: float | None) -> Any:
         """:meth:`DirectCalls.checkout` in the event loop."""
         import asyncio
@@ -287,7 +359,9 @@ class AsyncDirectCalls:
         if self.made < self.share:
             self.made += 1
             try:
-                return await self.pool.get_connection()
+                conn = await self.pool.get_connection()
+                conn.ylock_epoch = self.epoch
+                return conn
             except BaseException as exc:
                 self.made -= 1
                 if isinstance(exc, rex.ResponseError):
@@ -650,3 +724,70 @@ def async_cluster_call(client: Any) -> Any:
     async def call(*args: Any, timeout: float | None = None) -> Any:
         return await client.execute_command(*args)
     return call
+
+
+def cluster_script_wait(client: Any, script: Any, key: str, args: list[Any], replicas: int,
+                        timeout_ms: int) -> tuple[Any, int]:
+    """Run ``script`` (a registered redis-py Script) on the Cluster node that owns ``key``'s
+    slot and ``WAIT`` for ``replicas`` there, back to back on one connection (WAIT counts
+    the replicas that have that connection's writes; a ClusterPipeline refuses scripts).
+    Return ``(reply, replicas that acknowledged)``. A ``MOVED`` reply (the slot moved, a
+    replica promoted) refreshes the slot map and tries once more on the new owner."""
+    for attempt in (0, 1):
+        node_client = client.get_redis_connection(client.get_node_from_key(key))
+        pipe = node_client.pipeline(transaction=False)
+        script(keys=[key], args=args, client=pipe)    # loads it there on NOSCRIPT
+        pipe.wait(replicas, timeout_ms)
+        try:
+            reply, acked = pipe.execute()
+        except rex.MovedError:
+            if attempt:
+                raise
+            client.nodes_manager.initialize()
+            continue
+        return reply, int(acked)
+    raise AssertionError("unreachable")
+
+
+async def acluster_script_wait(client: Any, script: Any, key: str, args: list[Any], replicas: int,
+                               timeout_ms: int) -> tuple[Any, int]:
+    """:func:`cluster_script_wait` for a ``redis.asyncio`` Cluster client: the two commands
+    go out in one write on one of the slot owner's connections."""
+    await client.initialize()       # a no-op once the client knows the slots
+    for attempt in (0, 1):
+        node = client.get_node_from_key(key)
+        reply, acked = await _node_pipeline(node, [("EVALSHA", script.sha, 1, key, *args),
+                                                   ("WAIT", replicas, timeout_ms)])
+        if isinstance(reply, rex.NoScriptError):
+            await node.execute_command("SCRIPT", "LOAD", script.script)
+            reply, acked = await _node_pipeline(node, [("EVALSHA", script.sha, 1, key, *args),
+                                                       ("WAIT", replicas, timeout_ms)])
+        if isinstance(reply, rex.MovedError) and not attempt:
+            await client.nodes_manager.initialize()
+            continue
+        for value in (reply, acked):
+            if isinstance(value, Exception):
+                raise value
+        return reply, int(acked)
+    raise AssertionError("unreachable")
+
+
+async def _node_pipeline(node: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+    """Send ``commands`` in one write on one of an asyncio Cluster node's connections and
+    return their replies, an error reply as its exception."""
+    conn = node.acquire_connection()
+    try:
+        await node.disconnect_if_needed(conn)
+        await conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response())
+            except rex.ResponseError as exc:
+                replies.append(exc)
+        return replies
+    except BaseException:
+        await conn.disconnect()     # no half-read reply survives
+        raise
+    finally:
+        node.release(conn)

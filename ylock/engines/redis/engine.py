@@ -4,9 +4,11 @@ URLs and connection options: :mod:`ylock.engines.redis.clients`. ylock's options
 parameters or keyword arguments): ``prefix`` (key prefix, default ``ylock``),
 ``socket_timeout`` (seconds, default 2: the longest a frozen server can stall one call),
 ``connect_timeout`` (default 1), ``notify`` (default true: releases push the lock to the
-next waiter; false: polling only), ``fence_retention`` (seconds a lock's token counter
-outlives its last use, default 86400), ``wait_replicas`` (default 0: after acquiring,
-``WAIT`` for that many replicas to acknowledge, else release and raise EngineUnavailable)
+next waiter; false: polling only), ``fence_retention`` (seconds a lock's fence key
+outlives its last token, default 300: tokens are floored at the server clock in µs, so the
+fence only guards against a clock stepping back and more than one token per µs),
+``wait_replicas`` (default 0: after acquiring, ``WAIT`` for that many replicas to
+acknowledge, else release and raise EngineUnavailable)
 and ``wait_timeout`` (seconds for that WAIT, default 0.5), ``barge_window`` (non-fair
 requests may barge past a head that has waited less than this, default 0.1).
 
@@ -34,7 +36,9 @@ Guarantees: exclusion holds while the Redis primary that holds the keys keeps th
 Leases are Redis-time (PEXPIRE/TIME in scripts), renewed by the process watchdog; a
 holder paused past its lease loses the lock (``lock.lost``, ``LockLost`` at release), so
 protect resources with the fencing token. Asynchronous replication means a failover can
-lose a recent acquisition; ``wait_replicas`` narrows that window, fencing closes it.
+lose a recent acquisition; ``wait_replicas`` narrows that window. Tokens stay unique and
+rising across a failover (each is at least the server clock in µs) while the servers'
+clocks agree within the failover time; see ``lua/common.lua``.
 """
 from __future__ import annotations
 
@@ -66,7 +70,14 @@ from ylock.engines.base import (
 from ylock.engines.redis import inspection, scripts
 from ylock.engines.redis.aio import AsyncSide, open_side
 from ylock.engines.redis.clients import Clients, split_url
-from ylock.engines.redis.direct import DirectCalls, Refusals, ThreadNotifyHub, cluster_call
+from ylock.engines.redis.direct import (
+    DirectCalls,
+    Refusals,
+    ThreadNotifyHub,
+    acluster_script_wait,
+    cluster_call,
+    cluster_script_wait,
+)
 from ylock.engines.redis.keys import Keys
 from ylock.engines.redis.scripts import ACQUIRE, FIRST_TRY, RELEASE, release_args
 from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps
@@ -82,7 +93,7 @@ class RedisEngine(Engine):
     scheme = "redis"
 
     def __init__(self, url: str, *, prefix: str = "ylock", socket_timeout: float = 2.0,
-                 connect_timeout: float = 1.0, notify: bool = True, fence_retention: float = 86400.0,
+                 connect_timeout: float = 1.0, notify: bool = True, fence_retention: float = 300.0,
                  wait_replicas: int = 0, wait_timeout: float = 0.5, barge_window: float = 0.1,
                  renew_chunk: int = 2000, **client_options: Any) -> None:
         super().__init__()
@@ -213,7 +224,9 @@ class RedisEngine(Engine):
             return EngineUnavailable(f"Redis at {self.url_for_display()} is unavailable: {exc}",
                                      group=group, name=name)
         if isinstance(exc, rex.RedisError):
-            if "CLUSTERDOWN" in str(exc) or "READONLY" in str(exc) or "MASTERDOWN" in str(exc):
+            text = str(exc)
+            # NOREPLICAS: a master with min-replicas-to-write that lost its replicas refuses writes.
+            if "CLUSTERDOWN" in text or "READONLY" in text or "MASTERDOWN" in text or "NOREPLICAS" in text:
                 return EngineUnavailable(f"Redis at {self.url_for_display()} is unavailable: {exc}",
                                          group=group, name=name)
             return LockError(f"Redis at {self.url_for_display()} failed: {exc}", group=group, name=name)
@@ -274,6 +287,9 @@ class RedisEngine(Engine):
         if isinstance(op, Acquire):
             if not self.wait_replicas:
                 return await self._arun(side, op.script, op.key, op.args, op.timeout), 0
+            if self.kind == "redis+cluster":
+                return await acluster_script_wait(side.client, self._scripts[op.script], op.key, op.args,
+                                                  self.wait_replicas, self.wait_timeout_ms)
             pipe = side.client.pipeline(transaction=False)
             pipe.evalsha(self._scripts[op.script].sha, 1, op.key, *op.args)
             pipe.wait(self.wait_replicas, self.wait_timeout_ms)
@@ -334,7 +350,12 @@ class RedisEngine(Engine):
         the same round trip (WAIT counts the replicas that have this connection's writes)."""
         if not self.wait_replicas:
             return self._run(script, key, args, timeout), 0
-        pipe = self.client.pipeline(transaction=False)
+        client = self.client
+        if self.kind == "redis+cluster":
+            # A Cluster pipeline refuses scripts: pipeline on the slot owner's own client.
+            return cluster_script_wait(client, self._scripts[script], key, args, self.wait_replicas,
+                                       self.wait_timeout_ms)
+        pipe = client.pipeline(transaction=False)
         self._scripts[script](keys=[key], args=args, client=pipe)
         pipe.wait(self.wait_replicas, self.wait_timeout_ms)
         reply, acked = pipe.execute()

@@ -8,7 +8,7 @@
 --   s  shared owners: zset owner -> lease deadline (ms, Redis time); key PX = latest deadline
 --   q  waiter queue: list of owners, FIFO
 --   t  tokens of the shared owners: hash owner -> fencing token
---   f  fence: the last token issued; PX = the retention period from its first token
+--   f  fence: the last token issued; PX = the retention period from the last token
 --   <base>:w:<owner>  a waiter's liveness and request: "mode|lease_ms|since_ms|waiter_lease_ms|fair",
 --                     PX = waiter lease, refreshed by every poll (one GET tells the releaser
 --                     whether the head of the queue is alive and what it asked for)
@@ -33,20 +33,25 @@ end
 
 local function fmt(n) return string.format('%.0f', n) end
 
--- Tokens: one more than the last (INCRBY keeps the fence key's expiry); ``count`` tokens
--- at once for a run of readers. A new fence key starts from the server clock in
--- microseconds and lives for the retention period; the first token after it expired is
--- the clock again, above every earlier token unless the clock stepped back or more than
--- one token per microsecond was issued meanwhile. Returns the first of the new tokens.
+-- Tokens: at least the server clock in microseconds and above the last one issued here,
+-- max(fence + 1, TIME in µs); ``count`` tokens at once for a run of readers (the fence
+-- becomes the last of them). The clock floor is what makes tokens rise across a failover:
+-- a promoted replica that never saw the old master's last fence, or a resumed old master,
+-- still issues tokens above every one given before, provided the two servers' clocks agree
+-- within the failover time (the old master's last token is at most its clock at the
+-- crash, the promoted one's clock then has run for at least the failure detection time)
+-- and at most one token per µs per lock name is issued (a faster run puts the fence ahead
+-- of the clock by the excess). The fence key only guards against a clock stepping back
+-- and a run above one token per µs, so it lives a short retention from its last token.
+-- Returns the first of the new tokens.
 local function next_token(count)
   count = count or 1
-  local last = redis.call('INCRBY', K.f, count)
-  if last == count then
-    local t = redis.call('TIME')
-    last = tonumber(t[1]) * 1000000 + tonumber(t[2]) + count - 1
-    redis.call('SET', K.f, fmt(last), 'PX', RETENTION)
-  end
-  return last - count + 1
+  local t = redis.call('TIME')
+  local first = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local fence = tonumber(redis.call('GET', K.f) or false)
+  if fence and fence >= first then first = fence + 1 end
+  redis.call('SET', K.f, fmt(first + count - 1), 'PX', RETENTION)
+  return first
 end
 
 -- A waiter's request from its w key's value: mode, lease, since, waiter lease, fair.
