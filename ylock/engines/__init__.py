@@ -84,7 +84,8 @@ def engine_class_for_url(url: str) -> type[Engine]:
     """Return the engine class that serves ``url``; raise ConfigurationError if none does
     or if the package it needs is not installed."""
     if not isinstance(url, str) or "://" not in url:
-        raise ConfigurationError(f"engine URL must look like 'scheme://...', got {url!r}",
+        shown = redact(url) if isinstance(url, str) else url
+        raise ConfigurationError(f"engine URL must look like 'scheme://...', got {shown!r}",
                                  code=opt.E_ENGINE_URL, hint=f"known schemes: {', '.join(SCHEMES)}")
     scheme = url.split("://", 1)[0].lower()
     try:
@@ -128,11 +129,12 @@ def engine_from_path(path: str, url: str | None = None, **options: Any) -> Engin
 
 
 def redact(url: str) -> str:
-    """Return ``url`` with its password replaced by ``***``."""
+    """Return ``url`` with its password replaced by ``***`` (also when it is malformed or
+    lacks ``://``: whatever sits between a user's ``:`` and ``@`` is hidden)."""
     try:
         password = urlsplit(url).password
-    except ValueError:          # malformed: hide whatever sits between ':' and '@'
-        return re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", url)
+    except ValueError:
+        password = None
     if password:
         return url.replace(f":{password}@", ":***@", 1)
-    return url
+    return re.sub(r"((?:^|[:/])[^:/@]*:)[^/@]*@", r"\1***@", url)
