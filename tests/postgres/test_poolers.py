@@ -17,9 +17,9 @@ import pytest
 
 import ylock
 from tests.conftest import POOLED_ROLE
+from tests.faults.test_postgres import run_counter, start_holder
 from tests.helpers import Runner, wait_until, waiters
 from tests.postgres.conftest import STATE, STATE_NAMES, pooled_backends
-from tests.faults.test_postgres import run_counter, start_holder
 from ylock.testing.fencing import UnfencedCounter
 
 
