@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ylock import events, options, sigterm
-from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, RenewItem
+from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, RenewItem, cancelling
 from ylock.errors import (
     ConfigurationError,
     EngineUnavailable,
@@ -311,8 +311,12 @@ class _Holding:
         if hold is None:
             return
         started = time.monotonic()
+        engine = self.engine
+        if engine.release_resendable:
+            await self._arelease_direct(engine, hold, mode, owner, started)
+            return
         # Once started, a release completes even if this task is cancelled meanwhile.
-        release = asyncio.ensure_future(self.engine.arelease(self.group, self.name, owner, mode))
+        release = asyncio.ensure_future(engine.arelease(self.group, self.name, owner, mode))
         still_held: bool | None = None
         try:
             still_held = await asyncio.shield(release)
@@ -322,6 +326,36 @@ class _Holding:
         finally:
             if release.done() and not release.cancelled():
                 self._released(hold, mode, started, still_held)
+
+    async def _arelease_direct(self, engine: Engine, hold: Hold, mode: str, owner: str, started: float) -> None:
+        """The release of an engine whose releases may be sent again
+        (:attr:`~ylock.engines.base.Engine.release_resendable`): awaited in this task, no task of
+        its own. Once started, it completes even if this task is cancelled meanwhile: sent
+        again in a task of its own (whether the first one reached the server is unknown,
+        so the answer says nothing about a lost hold). A cancellation that a layer below
+        swallowed (Python < 3.12, see :func:`~ylock.engines.base.arun_steps`) is raised
+        after the release."""
+        task = asyncio.current_task()
+        cancels = cancelling(task)
+        try:
+            still_held = await engine.arelease(self.group, self.name, owner, mode)
+        except asyncio.CancelledError:
+            resent = asyncio.ensure_future(engine.arelease(self.group, self.name, owner, mode))
+            _resent.add(resent)
+
+            def resent_done(done: asyncio.Future[bool]) -> None:
+                _resent.discard(done)
+                _result(done)           # its error is retrieved, not logged as never retrieved
+                _quietly(self._released, hold, mode, started, None)
+            resent.add_done_callback(resent_done)
+            raise
+        except BaseException:
+            self._released(hold, mode, started, None)
+            raise
+        if cancelling(task) > cancels:
+            _quietly(self._released, hold, mode, started, still_held)
+            raise asyncio.CancelledError
+        self._released(hold, mode, started, still_held)
 
 
     # -- holds that change hands ----------------------------------------------------------------
@@ -581,6 +615,11 @@ def _watching() -> tuple[events.Watcher, ...]:
     """The watchers that watch this acquisition (none: the plain path)."""
     watchers = events.watchers()
     return tuple(w for w in watchers if w.on()) if watchers else ()
+
+
+#: Releases sent again after a cancelled one (see ``_arelease_direct``), referenced until done:
+#: the event loop keeps only weak references to its tasks.
+_resent: set[asyncio.Future[bool]] = set()
 
 
 def _result(task: asyncio.Future[bool]) -> bool | None:
