@@ -197,7 +197,8 @@ class _Holding:
 
     def _acquire(self, mode: str, timeout: Any, raise_on_timeout: bool,
                  context: Mapping[str, Any] | None = None) -> bool:
-        timeout = options.timeout(timeout)
+        if timeout is not None:
+            timeout = options.timeout(timeout)
         owner = current_owner()
         hold = _holds.get(self._key(owner))
         if hold is not None:
@@ -230,7 +231,8 @@ class _Holding:
 
     async def _aacquire(self, mode: str, timeout: Any, raise_on_timeout: bool,
                         context: Mapping[str, Any] | None = None) -> bool:
-        timeout = options.timeout(timeout)
+        if timeout is not None:
+            timeout = options.timeout(timeout)
         owner = current_owner()
         hold = _holds.get(self._key(owner))
         if hold is not None:
@@ -312,29 +314,15 @@ class _Holding:
             return
         started = time.monotonic()
         engine = self.engine
-        if engine.release_resendable:
-            await self._arelease_direct(engine, hold, mode, owner, started)
+        if not engine.release_resendable:
+            await self._arelease_shielded(engine, hold, mode, owner, started)
             return
-        # Once started, a release completes even if this task is cancelled meanwhile.
-        release = asyncio.ensure_future(engine.arelease(self.group, self.name, owner, mode))
-        still_held: bool | None = None
-        try:
-            still_held = await asyncio.shield(release)
-        except asyncio.CancelledError:
-            release.add_done_callback(lambda done: _quietly(self._released, hold, mode, started, _result(done)))
-            raise
-        finally:
-            if release.done() and not release.cancelled():
-                self._released(hold, mode, started, still_held)
-
-    async def _arelease_direct(self, engine: Engine, hold: Hold, mode: str, owner: str, started: float) -> None:
-        """The release of an engine whose releases may be sent again
-        (:attr:`~ylock.engines.base.Engine.release_resendable`): awaited in this task, no task of
-        its own. Once started, it completes even if this task is cancelled meanwhile: sent
-        again in a task of its own (whether the first one reached the server is unknown,
-        so the answer says nothing about a lost hold). A cancellation that a layer below
-        swallowed (Python < 3.12, see :func:`~ylock.engines.base.arun_steps`) is raised
-        after the release."""
+        # An engine whose releases may be sent again (Engine.release_resendable): awaited in
+        # this task, no task of its own. Once started, a release completes even if this task
+        # is cancelled meanwhile: sent again in a task of its own (whether the first one
+        # reached the server is unknown, so the answer says nothing about a lost hold). A
+        # cancellation that a layer below swallowed (Python < 3.12, see arun_steps) is
+        # raised after the release.
         task = asyncio.current_task()
         cancels = cancelling(task)
         try:
@@ -356,6 +344,20 @@ class _Holding:
             _quietly(self._released, hold, mode, started, still_held)
             raise asyncio.CancelledError
         self._released(hold, mode, started, still_held)
+
+    async def _arelease_shielded(self, engine: Engine, hold: Hold, mode: str, owner: str, started: float) -> None:
+        """The release of any other engine: in a task of its own, shielded, so that once
+        started it completes even if this task is cancelled meanwhile."""
+        release = asyncio.ensure_future(engine.arelease(self.group, self.name, owner, mode))
+        still_held: bool | None = None
+        try:
+            still_held = await asyncio.shield(release)
+        except asyncio.CancelledError:
+            release.add_done_callback(lambda done: _quietly(self._released, hold, mode, started, _result(done)))
+            raise
+        finally:
+            if release.done() and not release.cancelled():
+                self._released(hold, mode, started, still_held)
 
 
     # -- holds that change hands ----------------------------------------------------------------
