@@ -32,33 +32,59 @@ CASES = ["sync lock/unlock", "sync engine", "sync bare scripts", "redis-py Lock"
          "async alock/aunlock", "async bare scripts", "redis.asyncio Lock"]
 
 
-def _measure(op: Any, seconds: float) -> tuple[float, float]:
-    """(client CPU µs per call, calls/s) of ``op`` for about ``seconds``."""
-    for _ in range(200):
-        op()
-    n, wall, cpu = 0, time.perf_counter(), time.process_time()
-    end = wall + seconds
-    while True:
+SLICES = 8
+
+
+def _interleaved(ops: dict[str, Any], seconds: float) -> dict[str, tuple[float, float]]:
+    """(client CPU µs per call, calls/s) of each of ``ops``, timed in ``SLICES`` slices each,
+    the cases in order, then in reverse order, and so on (so that the machine's load drifts
+    over all of them alike): about ``seconds`` per case in all."""
+    totals = {name: [0.0, 0.0, 0] for name in ops}     # cpu, wall, calls
+    names = list(ops)
+    for op in ops.values():
         for _ in range(100):
             op()
-        n += 100
-        if time.perf_counter() >= end:
-            break
-    return (time.process_time() - cpu) / n * 1e6, n / (time.perf_counter() - wall)
+    for n in range(SLICES):
+        for name in names if n % 2 == 0 else names[::-1]:
+            op, calls = ops[name], 0
+            wall, cpu = time.perf_counter(), time.process_time()
+            end = wall + seconds / SLICES
+            while True:
+                for _ in range(20):
+                    op()
+                calls += 20
+                if time.perf_counter() >= end:
+                    break
+            t = totals[name]
+            t[0] += time.process_time() - cpu
+            t[1] += time.perf_counter() - wall
+            t[2] += calls
+    return {name: (cpu / calls * 1e6, calls / wall) for name, (cpu, wall, calls) in totals.items()}
 
 
-async def _ameasure(op: Any, seconds: float) -> tuple[float, float]:
-    for _ in range(200):
-        await op()
-    n, wall, cpu = 0, time.perf_counter(), time.process_time()
-    end = wall + seconds
-    while True:
+async def _ainterleaved(ops: dict[str, Any], seconds: float) -> dict[str, tuple[float, float]]:
+    """:func:`_interleaved` of coroutine functions."""
+    totals = {name: [0.0, 0.0, 0] for name in ops}
+    names = list(ops)
+    for op in ops.values():
         for _ in range(100):
             await op()
-        n += 100
-        if time.perf_counter() >= end:
-            break
-    return (time.process_time() - cpu) / n * 1e6, n / (time.perf_counter() - wall)
+    for n in range(SLICES):
+        for name in names if n % 2 == 0 else names[::-1]:
+            op, calls = ops[name], 0
+            wall, cpu = time.perf_counter(), time.process_time()
+            end = wall + seconds / SLICES
+            while True:
+                for _ in range(20):
+                    await op()
+                calls += 20
+                if time.perf_counter() >= end:
+                    break
+            t = totals[name]
+            t[0] += time.process_time() - cpu
+            t[1] += time.perf_counter() - wall
+            t[2] += calls
+    return {name: (cpu / calls * 1e6, calls / wall) for name, (cpu, wall, calls) in totals.items()}
 
 
 def worker(url: str, seconds: float) -> dict[str, Any]:
@@ -77,61 +103,53 @@ def worker(url: str, seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"hiredis": bool(redis.utils.HIREDIS_AVAILABLE)}
     engine = ylock.engine_from_url(url)
     lock = ylock.Lock(engine, "bench", "cpu")
+    owner = current_owner()
+    key, args = engine._request(AcquireRequest("bench", "cpu", owner, WRITE, True, 30.0, None, DEFAULT_POLLING))
+    rargs = release_args(owner, WRITE)
+    client = redis.Redis.from_url(url)
+    rlock = client.lock("bench:redispy", timeout=30)
 
     def pair() -> None:
         lock.lock()
         lock.unlock()
-    out["sync lock/unlock"] = _measure(pair, seconds)
-
-    owner = current_owner()
 
     def engine_pair() -> None:
-        engine.acquire(AcquireRequest("bench", "cpu", owner, WRITE, True, 30.0, time.monotonic() + 10,
-                                      DEFAULT_POLLING))
+        engine.acquire(AcquireRequest("bench", "cpu", owner, WRITE, True, 30.0, None, DEFAULT_POLLING))
         engine.release("bench", "cpu", owner, WRITE)
-    out["sync engine"] = _measure(engine_pair, seconds)
-
-    key, args = engine._request(AcquireRequest("bench", "cpu", owner, WRITE, True, 30.0, None, DEFAULT_POLLING))
-    rargs = release_args(owner, WRITE)
 
     def bare() -> None:
         engine._run("acquire", key, args, 2.0)
         engine._run("release", key, rargs, 2.0)
-    out["sync bare scripts"] = _measure(bare, seconds)
-
-    client = redis.Redis.from_url(url)
-    rlock = client.lock("bench:redispy", timeout=30)
 
     def redis_pair() -> None:
         rlock.acquire()
         rlock.release()
-    out["redis-py Lock"] = _measure(redis_pair, seconds)
+    out.update(_interleaved({"sync lock/unlock": pair, "sync engine": engine_pair, "sync bare scripts": bare,
+                             "redis-py Lock": redis_pair}, seconds))
 
     async def amain() -> None:
-        async def apair() -> None:
-            await lock.alock()
-            await lock.aunlock()
-        out["async alock/aunlock"] = await _ameasure(apair, seconds)
-
         from ylock.engines.redis.aio import open_side
         side = await open_side(engine)
         aowner = current_owner()
         akey, aargs = engine._request(AcquireRequest("bench", "cpu", aowner, WRITE, True, 30.0, None,
                                                      DEFAULT_POLLING))
         arargs = release_args(aowner, WRITE)
+        aclient = aredis.Redis.from_url(url)
+        alock = aclient.lock("bench:redisaio", timeout=30)
+
+        async def apair() -> None:
+            await lock.alock()
+            await lock.aunlock()
 
         async def abare() -> None:
             await engine._arun(side, "acquire", akey, aargs, 2.0)
             await engine._arun(side, "release", akey, arargs, 2.0)
-        out["async bare scripts"] = await _ameasure(abare, seconds)
-
-        aclient = aredis.Redis.from_url(url)
-        alock = aclient.lock("bench:redisaio", timeout=30)
 
         async def aredis_pair() -> None:
             await alock.acquire()
             await alock.release()
-        out["redis.asyncio Lock"] = await _ameasure(aredis_pair, seconds)
+        out.update(await _ainterleaved({"async alock/aunlock": apair, "async bare scripts": abare,
+                                        "redis.asyncio Lock": aredis_pair}, seconds))
         await aclient.aclose()
     asyncio.run(amain())
     engine.close()
@@ -145,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="NAME=PATH of a ylock source tree, optionally +hiredis (default: this tree)")
     parser.add_argument("--hiredis", default="", help="a directory with hiredis installed (pip install --target)")
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--seconds", type=float, default=0.4, help="per case and worker")
+    parser.add_argument("--seconds", type=float, default=0.4, help="per case and worker (in slices)")
     parser.add_argument("--client-cpu", default="1")
     parser.add_argument("--server-cpu", default="0")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -178,6 +196,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"round {n + 1}/{args.rounds} done", file=sys.stderr)
     finally:
         server.stop()
+    derived = {
+        "sync: lock/unlock - bare scripts (µs)": lambda r: r["sync lock/unlock"][0] - r["sync bare scripts"][0],
+        "sync: engine - bare scripts (µs)": lambda r: r["sync engine"][0] - r["sync bare scripts"][0],
+        "async: alock/aunlock - bare scripts (µs)": lambda r: r["async alock/aunlock"][0] - r["async bare scripts"][0],
+        "CPU ratio redis-py Lock / lock/unlock": lambda r: r["redis-py Lock"][0] / r["sync lock/unlock"][0],
+        "CPU ratio redis.asyncio Lock / alock pair": lambda r: r["redis.asyncio Lock"][0] / r["async alock/aunlock"][0],
+        "rate ratio lock/unlock / redis-py Lock": lambda r: r["sync lock/unlock"][1] / r["redis-py Lock"][1],
+        "rate ratio alock pair / redis.asyncio": lambda r: r["async alock/aunlock"][1] / r["redis.asyncio Lock"][1],
+    }
     summary: dict[str, Any] = {}
     print(f"client CPU µs per pair (median, min-max of {args.rounds} rounds; client on CPU {args.client_cpu}, "
           f"redis-server on CPU {args.server_cpu}); pairs/s median")
@@ -194,6 +221,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             cells.append(f"{statistics.median(cpu):.1f} µs ({min(cpu):.1f}-{max(cpu):.1f}), "
                          f"{statistics.median(rate):,.0f}/s")
         print(f"| {case} | " + " | ".join(cells) + " |")
+    print()
+    print("paired within each worker (median, min-max over rounds)")
+    print(header.replace("| case |", "| figure |"))
+    print("|---" * (len(trees) + 1) + "|")
+    for figure, f in derived.items():
+        cells = []
+        for name, _ in trees:
+            rounds = [{c: results[name][c][i] for c in CASES} for i in range(args.rounds)]
+            values = [f(r) for r in rounds]
+            summary[name][figure] = statistics.median(values)
+            cells.append(f"{statistics.median(values):.2f} ({min(values):.2f} to {max(values):.2f})")
+        print(f"| {figure} | " + " | ".join(cells) + " |")
     return summary
 
 
