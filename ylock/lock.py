@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ylock import events, options, sigterm
-from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, RenewItem
+from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, RenewItem, cancelling
 from ylock.errors import (
     ConfigurationError,
     EngineUnavailable,
@@ -197,7 +197,8 @@ class _Holding:
 
     def _acquire(self, mode: str, timeout: Any, raise_on_timeout: bool,
                  context: Mapping[str, Any] | None = None) -> bool:
-        timeout = options.timeout(timeout)
+        if timeout is not None:
+            timeout = options.timeout(timeout)
         owner = current_owner()
         hold = _holds.get(self._key(owner))
         if hold is not None:
@@ -230,7 +231,8 @@ class _Holding:
 
     async def _aacquire(self, mode: str, timeout: Any, raise_on_timeout: bool,
                         context: Mapping[str, Any] | None = None) -> bool:
-        timeout = options.timeout(timeout)
+        if timeout is not None:
+            timeout = options.timeout(timeout)
         owner = current_owner()
         hold = _holds.get(self._key(owner))
         if hold is not None:
@@ -311,8 +313,42 @@ class _Holding:
         if hold is None:
             return
         started = time.monotonic()
-        # Once started, a release completes even if this task is cancelled meanwhile.
-        release = asyncio.ensure_future(self.engine.arelease(self.group, self.name, owner, mode))
+        engine = self.engine
+        if not engine.release_resendable:
+            await self._arelease_shielded(engine, hold, mode, owner, started)
+            return
+        # An engine whose releases may be sent again (Engine.release_resendable): awaited in
+        # this task, no task of its own. Once started, a release completes even if this task
+        # is cancelled meanwhile: sent again in a task of its own (whether the first one
+        # reached the server is unknown, so the answer says nothing about a lost hold). A
+        # cancellation that a layer below swallowed (Python < 3.12, see arun_steps) is
+        # raised after the release.
+        task = asyncio.current_task()
+        cancels = cancelling(task)
+        try:
+            still_held = await engine.arelease(self.group, self.name, owner, mode)
+        except asyncio.CancelledError:
+            resent = asyncio.ensure_future(engine.arelease(self.group, self.name, owner, mode))
+            _resent.add(resent)
+
+            def resent_done(done: asyncio.Future[bool]) -> None:
+                _resent.discard(done)
+                _result(done)           # its error is retrieved, not logged as never retrieved
+                _quietly(self._released, hold, mode, started, None)
+            resent.add_done_callback(resent_done)
+            raise
+        except BaseException:
+            self._released(hold, mode, started, None)
+            raise
+        if cancelling(task) > cancels:
+            _quietly(self._released, hold, mode, started, still_held)
+            raise asyncio.CancelledError
+        self._released(hold, mode, started, still_held)
+
+    async def _arelease_shielded(self, engine: Engine, hold: Hold, mode: str, owner: str, started: float) -> None:
+        """The release of any other engine: in a task of its own, shielded, so that once
+        started it completes even if this task is cancelled meanwhile."""
+        release = asyncio.ensure_future(engine.arelease(self.group, self.name, owner, mode))
         still_held: bool | None = None
         try:
             still_held = await asyncio.shield(release)
@@ -581,6 +617,11 @@ def _watching() -> tuple[events.Watcher, ...]:
     """The watchers that watch this acquisition (none: the plain path)."""
     watchers = events.watchers()
     return tuple(w for w in watchers if w.on()) if watchers else ()
+
+
+#: Releases sent again after a cancelled one (see ``_arelease_direct``), referenced until done:
+#: the event loop keeps only weak references to its tasks.
+_resent: set[asyncio.Future[bool]] = set()
 
 
 def _result(task: asyncio.Future[bool]) -> bool | None:

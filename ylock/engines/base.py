@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Engine", "AcquireRequest", "LockInfo", "RenewItem", "READ", "WRITE", "PERMIT", "MODES", "LOCK",
            "SEMAPHORE", "split_url_options", "parse_bool", "Steps", "Abandon", "run_steps", "arun_steps", "Mailbox",
-           "settle"]
+           "settle", "abandon_first", "run_abandon_first", "cancelling"]
 
 
 
@@ -125,6 +125,12 @@ class Engine(abc.ABC):
 
     #: URL scheme(s) and the short name used in events, metrics and ``ylock list``.
     scheme: ClassVar[str] = ""
+    #: True if a release may be sent again after one cancelled midway: a second release of
+    #: an owner's hold finds nothing and answers False, harmlessly (Redis's scripts check the
+    #: owner). The facade then awaits such an engine's :meth:`arelease` directly and, if the
+    #: task is cancelled meanwhile, sends it again in a task of its own; otherwise it runs
+    #: each release in a shielded task, which costs a task and two loop turns per release.
+    release_resendable: ClassVar[bool] = False
     #: True if holds expire unless the watchdog renews them (Redis, local); False if the
     #: server keeps them alive by other means (ZooKeeper sessions).
     needs_renewal: ClassVar[bool] = True
@@ -373,8 +379,47 @@ async def arun_steps(steps: Steps, ado: Callable[[Any], Awaitable[Any]],
 
 def _cancelling(task: asyncio.Task[Any] | None) -> int:
     """The number of pending cancellation requests of ``task`` (0 before Python 3.11)."""
-    cancelling = getattr(task, "cancelling", None)
-    return cancelling() if cancelling is not None else 0
+    pending = getattr(task, "cancelling", None)
+    return pending() if pending is not None else 0
+
+
+#: The number of pending cancellation requests of a task (0 before Python 3.11): an engine
+#: or the facade that awaits a call itself, outside :func:`arun_steps`, compares it before
+#: and after, to notice a cancellation that a layer below swallowed.
+cancelling = _cancelling
+
+
+async def abandon_first(steps: Steps, ado: Callable[[Any], Awaitable[Any]],
+                        translate: Callable[[Exception], Exception]) -> None:
+    """Clean up after a first operation that an engine awaited itself, outside
+    :func:`arun_steps` (its fast path), when the awaiting task was cancelled meanwhile:
+    ``steps`` are the ones that would have run that operation (not started yet); they are
+    started and :class:`Abandon` is thrown in at their first operation, so that their own
+    clean-up (leave the queue, give back a grant) runs, to its end, in a task of its own."""
+    try:
+        next(steps)
+    except Exception:  # noqa: BLE001 - steps that end before asking anything hold nothing
+        return
+    await _give_up(steps, ado, translate)
+
+
+def run_abandon_first(steps: Steps, do: Callable[[Any], Any], translate: Callable[[Exception], Exception]) -> None:
+    """:func:`abandon_first` with blocking operations (a caller that gives up after a first
+    operation it did itself: e.g. its answer came after the deadline)."""
+    try:
+        next(steps)
+        op = steps.throw(Abandon())
+        while True:
+            try:
+                result = do(op)
+            except Exception as exc:  # noqa: BLE001 - handed to the steps, which decide
+                op = steps.throw(_translated(translate, exc))
+            else:
+                op = steps.send(result)
+    except (StopIteration, Abandon):
+        return
+    except Exception:  # noqa: BLE001 - a clean-up that fails leaves it to the leases
+        logger.warning("ylock: leaving a lock's queue after the deadline failed", exc_info=True)
 
 
 async def _give_up(steps: Steps, ado: Callable[[Any], Awaitable[Any]],

@@ -64,7 +64,10 @@ from ylock.engines.base import (
     Engine,
     LockInfo,
     RenewItem,
+    abandon_first,
     arun_steps,
+    cancelling,
+    run_abandon_first,
     run_steps,
 )
 from ylock.engines.redis import inspection, scripts
@@ -91,6 +94,7 @@ class RedisEngine(Engine):
     """Redis engine (see module docstring)."""
 
     scheme = "redis"
+    release_resendable = True       # the release scripts check the owner: a second one finds nothing
 
     def __init__(self, url: str, *, prefix: str = "ylock", socket_timeout: float = 2.0,
                  connect_timeout: float = 1.0, notify: bool = True, fence_retention: float = 300.0,
@@ -258,6 +262,10 @@ class RedisEngine(Engine):
                 raise self._translate(exc, r.group, r.name) from exc
             if reply.__class__ is int:
                 return reply
+            if _queued_too_late(r, reply):
+                run_abandon_first(acquire_steps(self, r, key, args, None), self._do,
+                                  lambda exc: self._translate(exc, r.group, r.name))
+                return None
         try:
             return run_steps(acquire_steps(self, r, key, args, reply), self._do,  # type: ignore[no-any-return]
                              lambda exc: self._translate(exc, r.group, r.name))
@@ -270,8 +278,36 @@ class RedisEngine(Engine):
         r = request
         key, args = self._request(r)
         side = self._async.get(asyncio.get_running_loop()) or await open_side(self)
-        return await arun_steps(acquire_steps(self, r, key, args, None),  # type: ignore[no-any-return]
+        reply = None
+        if not self.wait_replicas and (r.deadline is None or time.monotonic() < r.deadline):
+            # The first try awaited here, as :meth:`acquire` does it: an uncontended lock costs
+            # no steps and no executor. A cancellation meanwhile (also one a layer below
+            # swallowed, see arun_steps) gives back what the try may have got, as the steps do.
+            task = asyncio.current_task()
+            cancels = cancelling(task)
+            try:
+                reply = await self._arun(side, ACQUIRE[r.mode], key, args, self.socket_timeout)
+            except asyncio.CancelledError:
+                await self._abandon_first(side, r, key, args)
+                raise
+            except Exception as exc:
+                raise self._translate(exc, r.group, r.name) from exc
+            if cancelling(task) > cancels:
+                await self._abandon_first(side, r, key, args)
+                raise asyncio.CancelledError
+            if reply.__class__ is int:
+                return reply
+            if _queued_too_late(r, reply):
+                await self._abandon_first(side, r, key, args)
+                return None
+        return await arun_steps(acquire_steps(self, r, key, args, reply),  # type: ignore[no-any-return]
                                 functools.partial(self._ado, side), lambda exc: self._translate(exc, r.group, r.name))
+
+    async def _abandon_first(self, side: AsyncSide, r: AcquireRequest, key: str, args: list[Any]) -> None:
+        """Leave the queue and give back a grant after a first try whose task was cancelled
+        (the steps' own clean-up: see :func:`abandon_first`)."""
+        await abandon_first(acquire_steps(self, r, key, args, None), functools.partial(self._ado, side),
+                            lambda exc: self._translate(exc, r.group, r.name))
 
     async def arelease(self, group: str, name: str, owner: str, mode: str) -> bool:
         side = self._async.get(asyncio.get_running_loop()) or await open_side(self)
@@ -441,3 +477,10 @@ class RedisEngine(Engine):
             key = self.keys.x(group, name, PERMIT if kind == SEMAPHORE else WRITE)
             return bool(self._run("force_release", key, []))
 
+
+
+def _queued_too_late(r: AcquireRequest, reply: Any) -> bool:
+    """Whether a first try queued the owner (it asks to stay) but answered after the
+    deadline: the steps, which take such an answer as the last try's, would return without
+    leaving the queue, so the caller leaves it (and gives back a grant) and times out."""
+    return r.deadline is not None and reply[0] != 1 and time.monotonic() >= r.deadline
