@@ -12,6 +12,7 @@ writes the README's screenshot there.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import queue
@@ -347,6 +348,51 @@ def test_release_needs_the_permission(admin_site: object, browser: webdriver.Chr
     from django.contrib.admin.models import LogEntry
 
     assert not LogEntry.objects.exists()
+
+
+def test_release_buttons_fit_a_1400_px_window(admin_site: object, browser: webdriver.Chrome, engine: ylock.Engine,
+                                              group: str, make_user: Callable[..., object], tmp_path: Path) -> None:
+    """Long contexts, fields, owners and names wrap: every Release button is on screen, with
+    the navigation sidebar open, and the page never scrolls sideways (issue #28)."""
+    make_user("wide", "release_lock")
+    long_what = ("recompute the quarterly revenue report for every tenant in the eu-west region " * 3)[:200]
+    unbroken = "POST /api/v2/tenants/" + "a1b2c3d4" * 20 + "/reports/rebuild"       # 197 characters, no spaces
+    doing = [(f"quarterly-revenue-{'x' * 40}", long_what.strip(), {"job": "j" * 80}),
+             ("rebuild", unbroken, {"tenant": "t" * 120, "request": "r" * 60}),
+             ("export", "nightly export", {}),
+             ("cleanup", "c" * 200, {"batch": 42})]
+    with contextlib.ExitStack() as held:
+        for name, what, fields in doing:
+            with ylock.context(what, **fields):     # each hold says its own (ylock keeps at most 200 characters)
+                held.enter_context(ylock.Lock(engine, group, name).write(timeout=5))
+        log_in(browser, admin_site, "wide")
+        browser.set_window_size(1400, 900)
+        try:
+            browser.get(f"{admin_site}/admin/django_ylock/lock/?group={group}")
+            if browser.find_elements(By.CSS_SELECTOR, "#nav-sidebar[aria-expanded=false]"):
+                browser.find_element(By.ID, "toggle-nav-sidebar").click()       # the harder case: open
+            assert browser.find_elements(By.CSS_SELECTOR, "#nav-sidebar[aria-expanded=true]")
+            assert len(rows(browser)) == len(doing)
+            inner = browser.execute_script("return window.innerWidth")
+            assert 1300 <= inner <= 1400, inner
+            buttons = browser.find_elements(By.CSS_SELECTOR, "a.ylock-release")
+            assert len(buttons) == len(doing)
+            for button in buttons:
+                rect = browser.execute_script("return arguments[0].getBoundingClientRect().toJSON()", button)
+                assert 0 <= rect["left"] and rect["right"] <= inner, (button.get_attribute("href"), rect, inner)
+            wide = browser.execute_script("return document.documentElement.scrollWidth")
+            assert wide <= inner, f"the page scrolls sideways: {wide} px wide in a {inner} px window"
+            scrolled = browser.execute_script(
+                "return [...document.querySelectorAll('.ylock-engine .results')]"
+                ".filter(e => e.scrollWidth > e.clientWidth).length")
+            assert scrolled == 0, "a table scrolls sideways"
+            for what in (long_what.strip(), unbroken):        # the whole text is there, if wrapped
+                assert browser.find_elements(By.CSS_SELECTOR, f'.ylock-what[title="{what}"]'), what
+            browser.save_screenshot(str(tmp_path / "admin-1400.png"))
+            if os.environ.get("YLOCK_ADMIN_WIDE_SCREENSHOT"):
+                shutil.copyfile(tmp_path / "admin-1400.png", os.environ["YLOCK_ADMIN_WIDE_SCREENSHOT"])
+        finally:
+            browser.set_window_size(1280, 900)
 
 
 @pytest.mark.django_db
