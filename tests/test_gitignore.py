@@ -1,6 +1,7 @@
-"""Every file the embedded default engine leaves beside its database (``ylock-redis.db*``
-in a project's root, issue #28) is ignored by the repository's .gitignore: git itself
-decides, on the files a real embedded server made."""
+"""Every file an embedded engine leaves beside its database (``ylock-redis.db*``, wherever
+a URL or a test run puts it; Django's default keeps them in ``.ylock/``, ignored by a
+``.gitignore`` of its own: tests/dj/test_settings.py) is ignored by the repository's
+.gitignore: git itself decides, on the files a real embedded server made."""
 from __future__ import annotations
 
 import shutil

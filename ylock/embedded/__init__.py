@@ -24,6 +24,11 @@ Files next to the database file ``X.db`` (all ``0600``):
                exceed the 107 bytes a socket path may have)
 =============  ==============================================================================
 
+The database's directory must exist, except one named ``.ylock`` (Django's default is
+``<BASE_DIR>/.ylock/ylock-redis.db``): that one is created when missing, with a
+``.gitignore`` of ``*`` inside, so that no git repository sees these files (as pytest does
+with ``.pytest_cache``); an existing ``.ylock`` directory is used as it is.
+
 Design, and why:
 
 * **Start** (:func:`ensure_server`): under the start lock, take the shared lock on the

