@@ -57,7 +57,6 @@ import logging
 import re
 import string
 import threading
-import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -569,7 +568,6 @@ class LockedTask(Task):  # type: ignore[misc]
             if hold is not None:
                 return hold
         wait = spec.wait_for(registry) if spec.on_busy == WAIT else 0.0
-        started = time.monotonic()
         try:
             got = target.guard(spec.mode).try_acquire(wait)
         except EngineUnavailable as exc:
@@ -580,7 +578,7 @@ class LockedTask(Task):  # type: ignore[misc]
             hold = TaskHold(target, spec.mode, owner, spec.scope, adopted=False)
             _watch(hold)
             return hold
-        return self._busy(spec, target, request.id, args, kwargs, time.monotonic() - started)
+        return self._busy(spec, target, request.id, args, kwargs, wait)
 
     def _adopt(self, spec: LockSpec, target: Lock, data: Mapping[str, Any], owner: str, request: Any) -> \
             TaskHold | None:
@@ -607,8 +605,9 @@ class LockedTask(Task):  # type: ignore[misc]
         return hold
 
     def _busy(self, spec: LockSpec, target: Lock, task_id: str | None, args: tuple[Any, ...],
-              kwargs: Mapping[str, Any], waited: float) -> dict[str, Any]:
-        """Do what ``on_busy`` says; return the skipped marker, or raise."""
+              kwargs: Mapping[str, Any], wait: float | None) -> dict[str, Any]:
+        """Do what ``on_busy`` says (after waiting ``wait`` seconds for the lock); return the
+        skipped marker, or raise."""
         lock = f"{target.group}/{target.name}"
         if spec.on_busy == SKIP:
             logger.warning("celery_ylock: task %s[%s] skipped: lock %s is busy", self.name, task_id, lock)
@@ -616,7 +615,8 @@ class LockedTask(Task):  # type: ignore[misc]
                                       kwargs=kwargs)
             return skipped_value(self.name, lock, spec.scope)
         held = "another task for it is queued or running" if spec.scope == ENQUEUE else "another owner holds it"
-        waited_text = f" within {waited:.3g} s" if spec.on_busy == WAIT else ""
+        # The wait it was given, not the time measured around it (which includes the round trips).
+        waited_text = f" within {wait:g} s" if spec.on_busy == WAIT and wait is not None else ""
         exc = TaskLocked(f"task {self.name} could not take its {spec.mode} lock{waited_text}: {held} "
                          f"(on_busy={spec.on_busy!r}, scope={spec.scope!r})", group=target.group, name=target.name)
         if spec.on_busy == RETRY:
@@ -674,11 +674,10 @@ class LockedTask(Task):  # type: ignore[misc]
         wait = spec.wait_for(registry) if spec.on_busy == WAIT else 0.0
         # A fresh owner: the sender (perhaps a task holding this very lock) never re-enters.
         with owner_scope():
-            started = time.monotonic()
             if target.guard(spec.mode).try_acquire(wait):
                 return target.detach()
             task_id = uuid()
-            value = self._busy(spec, target, task_id, args, kwargs, time.monotonic() - started)
+            value = self._busy(spec, target, task_id, args, kwargs, wait)
         return EagerResult(task_id, value, states.SUCCESS, name=self.name)
 
 
