@@ -438,7 +438,9 @@ def test_events_carry_wait_and_hold_spans(engine, group):
                 time.sleep(0.05)
         assert lock.try_lock() is True
         lock.unlock()
-    kinds = [e.kind for e in seen if e.group == group]
+    # A renewal may land inside a hold on a slow run (the first one is due a third of the
+    # waiter lease after the grant): it is not what this test is about.
+    kinds = [e.kind for e in seen if e.group == group and e.kind != "renewed"]
     assert kinds == ["acquired", "released", "acquired", "released"]
     released = [e for e in seen if e.kind == "released"][0]
     assert released.hold is not None and released.hold >= 0.05      # reentry did not cut it
