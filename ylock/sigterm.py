@@ -17,6 +17,7 @@ without exit hooks, as it would have without ylock.
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import sys
@@ -41,6 +42,10 @@ def install(release: Callable[[], object], budget: float) -> bool:
         return False                  # only the main thread may set handlers: look again later
     checked = True
     if any(host in sys.modules for host in _C_HOSTS):
+        return False
+    # multiprocessing stops its children with SIGTERM (Pool.terminate, Process.terminate) and
+    # waits for them: they must die at once, as they did before ylock, not run a release.
+    if multiprocessing.parent_process() is not None:
         return False
     try:
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
