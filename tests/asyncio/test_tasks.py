@@ -11,6 +11,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
+import redis
 
 import ylock
 from tests.asyncio import workers
@@ -151,9 +152,24 @@ def test_cancelled_inside_the_block_and_during_the_release(any_engine: ylock.Eng
 @pytest.mark.slow
 @pytest.mark.parametrize("server", ["redis", "local"])
 def test_a_thousand_waiting_tasks_cost_no_thread(server: str, request: pytest.FixtureRequest, group: str) -> None:
+    """1,000 tasks waiting for busy locks start no thread, cost the server a few round trips
+    per waiter per second (a lost wake-up bounded by polling, not a spin), and an uncontended
+    pair meanwhile still goes through (each step within its own timeout). How fast that pair
+    is, is measured by ``python -m bench.aio``, not here: under a loaded machine the event
+    loop is shared with the 1,000 waiters' polls."""
     engine = request.getfixturevalue(f"{server}_engine")
+    server_commands = None
+    if server == "redis":
+        client = redis.Redis.from_url(request.getfixturevalue("redis_server").url)
 
-    async def main() -> tuple[int, int, float]:
+        def server_commands() -> int:
+            """The round trips the server answered (script calls and BLPOPs; the commands a
+            script runs inside are not round trips)."""
+            stats = client.info("commandstats")
+            return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval", "blpop"))
+    window = 2.0
+
+    async def main() -> tuple[int, int, float | None]:
         holders = [ylock.Lock(engine, group, f"busy{i}") for i in range(1000)]
         for h in holders:
             assert await h.atry_lock()                     # held by this task
@@ -162,21 +178,29 @@ def test_a_thousand_waiting_tasks_cost_no_thread(server: str, request: pytest.Fi
                    for i in range(1000)]
         await asyncio.sleep(1.0)                          # let them all queue (a fault's duration)
         threads_waiting = threading.active_count()
+        per_waiter = None
+        if server_commands is not None:
+            before = await asyncio.to_thread(server_commands)
+            await asyncio.sleep(window)                   # the subject: the waiters' traffic meanwhile
+            per_waiter = (await asyncio.to_thread(server_commands) - before) / 1000 / window
         free = ylock.Lock(engine, group, "free")
-        started = time.perf_counter()
         for _ in range(20):
-            await free.alock()
+            await free.alock(timeout=10)
             await free.aunlock()
-        per_pair = (time.perf_counter() - started) / 20
+        assert not any(w.done() for w in waiters)         # still waiting: the holders hold
         for w in waiters:
             w.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
         for h in holders:
             await h.aunlock()
-        return threads_before, threads_waiting, per_pair
-    before, waiting, per_pair = asyncio.run(main())
+        return threads_before, threads_waiting, per_waiter
+    before, waiting, per_waiter = asyncio.run(main())
     assert waiting <= before, f"{waiting - before} more threads while 1,000 tasks wait"
-    assert per_pair < 0.05, f"an uncontended acquire+release took {per_pair * 1000:.1f} ms meanwhile"
+    if per_waiter is not None:
+        # A waiter re-queues about once per poll interval (at most 0.5 s by default) and the
+        # loop's one BLPOP is shared: about 2.3 round trips per waiter per second (measured),
+        # fewer when the machine is slow; a waiter that spun would send hundreds.
+        assert per_waiter <= 4, f"{per_waiter:.1f} round trips per waiting task per second"
     assert nothing_held(engine, group)
 
 
