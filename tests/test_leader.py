@@ -105,8 +105,9 @@ def test_one_runner_runs_and_the_other_takes_over_after_a_sigkill(url: str, grou
     b_start = next(line for line in lines(log) if line[0] == "B")
     took = float(b_start[4]) - killed
     # Within the lease (Redis: the key expires; ZooKeeper: the session), plus a poll,
-    # plus starting the command; never while A's command still ran.
-    assert LEASE / 2 < took < LEASE + 1.5, took          # not before the dead holder's lease ran out
+    # plus starting the command (a second or two on a loaded machine: the bound tells a
+    # lease-driven takeover from a stuck one); never while A's command still ran.
+    assert LEASE / 2 < took < LEASE + 4.0, took          # not before the dead holder's lease ran out
     assert int(b_start[2]) > a_token                                    # a newer fencing token
     last_a = max(float(line[4]) for line in lines(log) if line[0] == "A")
     assert last_a < float(b_start[4])                                   # exclusion: no overlap
@@ -131,8 +132,9 @@ def test_a_force_released_runner_stops_its_command_and_exits_lost(url: str, grou
     events = [line for line in lines(log) if line[1] == str(child)]
     term = next(float(line[4]) for line in events if line[3] == "term")   # SIGTERM first ...
     assert not alive(child)                                              # ... then SIGKILL
-    assert term - released_at < LEASE + 1.0                             # Redis: the next renewal
-    assert max(float(line[4]) for line in events) - term < 0.5 + 0.3    # dead after the grace period
+    assert term - released_at < LEASE + 2.0                             # Redis: the next renewal
+    # dead after the grace period (0.5 s), plus the SIGKILL's delivery on a loaded machine
+    assert max(float(line[4]) for line in events) - term < 0.5 + 1.0
 
 
 def test_run_passes_the_exit_code_the_token_and_forwarded_signals(redis_server, group: str, tmp_path: Path) -> None:

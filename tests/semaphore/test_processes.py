@@ -50,7 +50,9 @@ def test_a_ticket_crosses_processes_and_keeps_token_and_exclusion(redis_server, 
     lock = ylock.Lock(engine, group, "job", lease=2.0)
     lock.lock()
     token = lock.token
-    ticket = lock.detach().as_dict()
+    # 20 s for the ticket to be adopted (a spawned process takes more than the 2 s lease to
+    # start on a loaded machine); once adopted, the hold's own 2 s lease applies again
+    ticket = lock.detach(lease=20).as_dict()
     register = str(tmp_path / "register")
     with ProcessPoolExecutor(1, mp_context=spawn) as pool:
         # held for longer than its lease: the adopting process's watchdog renews it
