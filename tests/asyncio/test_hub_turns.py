@@ -1,0 +1,56 @@
+"""The asyncio notify hub (``ylock.engines.redis.direct.NotifyHub``) while the tasks of one
+loop take turns on a fair lock: a task's key stays watched for a while after it stopped
+waiting, so a task that waits again needs no wake-up and the hub no second ``BLPOP``. The
+turns stay fair and exclusive."""
+from __future__ import annotations
+
+import asyncio
+
+import redis
+
+import ylock
+from ylock.testing.redis import RedisServer
+
+TASKS = 8
+TURNS = 40
+
+
+def test_tasks_taking_turns_send_no_wake_ups_and_one_blpop_per_handoff(group):
+    with RedisServer() as server:
+        engine = ylock.engine_from_url(server.url)
+        admin = redis.Redis.from_url(server.url)
+        inside: list[int] = []
+        order: list[int] = []
+
+        async def worker(lock: ylock.Lock, me: int) -> None:
+            for _ in range(TURNS):
+                await lock.alock(timeout=30)
+                inside.append(me)
+                assert len(inside) == 1            # exclusive
+                order.append(me)
+                await asyncio.sleep(0)             # the others queue meanwhile
+                inside.pop()
+                await lock.aunlock()
+
+        async def main() -> None:
+            lock = ylock.Lock(engine, group, "turns", fair=True)
+            await lock.alock()
+            await lock.aunlock()
+            admin.config_resetstat()
+            await asyncio.gather(*(worker(lock, me) for me in range(TASKS)))
+
+        try:
+            asyncio.run(main())
+            stats = admin.info("commandstats")
+        finally:
+            engine.close()
+    acquisitions = TASKS * TURNS
+    assert len(order) == acquisitions
+    wake_ups = stats.get("cmdstat_lpush", {}).get("calls", 0)
+    blpops = stats.get("cmdstat_blpop", {}).get("calls", 0)
+    # Each task's first wait may wake the hub once; later waits find their key watched.
+    assert wake_ups <= 2 * TASKS, f"{wake_ups} wake-ups for {acquisitions} acquisitions"
+    assert blpops <= acquisitions + 2 * TASKS, f"{blpops} BLPOPs for {acquisitions} acquisitions"
+    # Fair: once all queue, nobody takes two turns while another waits (FIFO hand-offs).
+    steady = order[TASKS:-TASKS]
+    assert all(a != b for a, b in zip(steady, steady[1:])), order
