@@ -465,7 +465,10 @@ async def _awrite(conn: Any, packed: list[bytes], end: float | None) -> None:
     try:
         writer.writelines(packed)
         if writer.transport.get_write_buffer_size():
-            await asyncio.wait_for(writer.drain(), conn.socket_timeout if left is None else _left(end))
+            bound = conn.socket_timeout if end is None else end - time.monotonic()
+            if bound is not None and bound <= 0:
+                raise asyncio.TimeoutError
+            await asyncio.wait_for(writer.drain(), bound)
     except asyncio.TimeoutError:
         await conn.disconnect(nowait=True)
         raise rex.TimeoutError("Timeout writing to socket") from None
@@ -498,7 +501,8 @@ async def _aconnect(conn: Any, left: float | None) -> None:
         conn.socket_connect_timeout = min(left, saved[0] or left)
         conn.socket_timeout = min(left, saved[1] or left)
     try:
-        await conn.connect_check_health(check_health=False)
+        connect = getattr(conn, "connect_check_health", None)     # redis-py >= 6 (no retry, no PING)
+        await (connect(check_health=False) if connect is not None else conn.connect())
     except rex.ResponseError as exc:
         await conn.disconnect(nowait=True)
         raise rex.ConnectionError(f"the server refused to set up the connection: {exc}") from exc
