@@ -5,8 +5,10 @@ turns stay fair and exclusive."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import redis
+import redis.asyncio
 
 import ylock
 from ylock.testing.redis import RedisServer
@@ -54,3 +56,33 @@ def test_tasks_taking_turns_send_no_wake_ups_and_one_blpop_per_handoff(group):
     # Fair: once all queue, nobody takes two turns while another waits (FIFO hand-offs).
     steady = order[TASKS:-TASKS]
     assert all(a != b for a, b in zip(steady, steady[1:])), order
+
+
+def test_a_value_popped_between_two_waits_of_a_task_is_returned_by_its_next_wait():
+    from ylock.engines.redis.direct import AsyncDirectCalls, NotifyHub
+
+    async def main(server: RedisServer) -> tuple[object, object, float]:
+        pool = redis.asyncio.ConnectionPool.from_url(server.url)
+        calls = AsyncDirectCalls(pool)
+        hub = NotifyHub(pool, calls, "ylock-test-hub-wake")
+        other = asyncio.create_task(hub.wait("ylock-test-a", 30))    # keeps the hub blocking
+        first = await hub.wait("ylock-test-b", 0.2)                   # nothing yet: times out
+        await calls("LPUSH", "ylock-test-b", "granted", timeout=2)   # b's key still watched: popped
+        for _ in range(500):
+            if "ylock-test-b" in hub._early:
+                break
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        second = await hub.wait("ylock-test-b", 5)
+        elapsed = time.monotonic() - started
+        other.cancel()
+        await asyncio.gather(other, return_exceptions=True)
+        await hub.aclose()
+        await pool.disconnect()
+        return first, second, elapsed
+
+    with RedisServer() as server:
+        first, second, elapsed = asyncio.run(main(server))
+    assert first is None
+    assert second == [b"ylock-test-b", b"granted"]
+    assert elapsed < 1.0, elapsed              # at once, not after its wait's timeout

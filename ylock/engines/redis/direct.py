@@ -711,7 +711,9 @@ class NotifyHub:
     A task's key stays in the ``BLPOP`` for :attr:`LINGER` seconds after it stopped waiting:
     tasks that take turns on a lock wait again soon after each acquisition, and their key
     is then watched already: no wake-up round trip and no ``BLPOP`` sent again for it (8
-    tasks of a loop taking turns: one ``BLPOP`` per acquisition instead of two and a wake-up)."""
+    tasks of a loop taking turns: one ``BLPOP`` per acquisition instead of two and a wake-up).
+    A value popped for such a key while its task was between two waits (trying again) is
+    kept for its next wait, which returns it at once, as the list would have kept it."""
 
     #: Seconds a BLPOP blocks before it is sent again (a safety net, not a poll).
     BLOCK = 5.0
@@ -733,12 +735,16 @@ class NotifyHub:
         self._waking = False
         self._block = self.BLOCK
         self._left: dict[str, float] = {}          # key -> when its task last stopped waiting
+        self._early: dict[str, Any] = {}           # key -> a value popped between its task's waits
 
     async def wait(self, key: str, timeout: float) -> Any:
         """Wait up to ``timeout`` s for a value pushed to ``key``; return it, or None."""
         if "BLPOP" in self.refusals.commands:
             await self._asyncio.sleep(timeout)        # polling: the next try reads the lock's keys
             return None
+        early = self._early.pop(key, None)
+        if early is not None:
+            return early
         loop = self._asyncio.get_running_loop()
         future = loop.create_future()
         self.waiting[key] = future
@@ -799,6 +805,8 @@ class NotifyHub:
                     lingered = time.monotonic() - self.LINGER
                     self._left = {k: t for k, t in self._left.items() if t > lingered and k not in self.waiting}
                     keys += self._left
+                    if self._early:
+                        self._early = {k: v for k, v in self._early.items() if k in self._left}
                 self._blocking = set(keys)
                 self._waking = False
                 try:
@@ -812,6 +820,8 @@ class NotifyHub:
                     future = self.waiting.pop(key, None)     # None for the wake-up list
                     if future is not None:
                         _settle(future, reply)
+                    elif key in self._left:
+                        self._early[key] = reply             # for its task's next wait
         except (Exception, self._asyncio.CancelledError) as exc:  # noqa: BLE001 - the waiters poll on
             if refused(exc):                # an ACL, a proxy: never again, the tasks poll
                 self.refusals.note("BLPOP", exc, *_BLPOP_REFUSED)
