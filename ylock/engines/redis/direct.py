@@ -712,8 +712,10 @@ class NotifyHub:
     tasks that take turns on a lock wait again soon after each acquisition, and their key
     is then watched already: no wake-up round trip and no ``BLPOP`` sent again for it (8
     tasks of a loop taking turns: one ``BLPOP`` per acquisition instead of two and a wake-up).
-    A value popped for such a key while its task was between two waits (trying again) is
-    kept for its next wait, which returns it at once, as the list would have kept it."""
+    A value popped for such a key while its task was between two waits (its try in flight)
+    is not handed over (it may be a grant that try took already: a stale token must never
+    pass for a grant), but noted: the task's next wait returns a wake-up at once, so that it
+    tries again rather than wait out its timeout for a grant that was already pushed."""
 
     #: Seconds a BLPOP blocks before it is sent again (a safety net, not a poll).
     BLOCK = 5.0
@@ -735,16 +737,16 @@ class NotifyHub:
         self._waking = False
         self._block = self.BLOCK
         self._left: dict[str, float] = {}          # key -> when its task last stopped waiting
-        self._early: dict[str, Any] = {}           # key -> a value popped between its task's waits
+        self._early: set[str] = set()              # keys popped between their task's waits
 
     async def wait(self, key: str, timeout: float) -> Any:
         """Wait up to ``timeout`` s for a value pushed to ``key``; return it, or None."""
         if "BLPOP" in self.refusals.commands:
             await self._asyncio.sleep(timeout)        # polling: the next try reads the lock's keys
             return None
-        early = self._early.pop(key, None)
-        if early is not None:
-            return early
+        if key in self._early:
+            self._early.discard(key)
+            return (key, b"wake")                    # try again now (see the class docstring)
         loop = self._asyncio.get_running_loop()
         future = loop.create_future()
         self.waiting[key] = future
@@ -806,7 +808,7 @@ class NotifyHub:
                     self._left = {k: t for k, t in self._left.items() if t > lingered and k not in self.waiting}
                     keys += self._left
                     if self._early:
-                        self._early = {k: v for k, v in self._early.items() if k in self._left}
+                        self._early &= self._left.keys()
                 self._blocking = set(keys)
                 self._waking = False
                 try:
@@ -821,7 +823,7 @@ class NotifyHub:
                     if future is not None:
                         _settle(future, reply)
                     elif key in self._left:
-                        self._early[key] = reply             # for its task's next wait
+                        self._early.add(key)                 # its task's next wait tries again
         except (Exception, self._asyncio.CancelledError) as exc:  # noqa: BLE001 - the waiters poll on
             if refused(exc):                # an ACL, a proxy: never again, the tasks poll
                 self.refusals.note("BLPOP", exc, *_BLPOP_REFUSED)
