@@ -80,7 +80,7 @@ class Hold:
     permits count as ``reads``), token, lost flag, renewals."""
 
     __slots__ = ("engine", "group", "name", "owner", "lease", "writes", "reads", "token",
-                 "started", "lost", "lost_reason", "renewals", "kind", "span", "_lost_published")
+                 "started", "lost", "lost_reason", "renewals", "kind", "span", "_lost_published", "key")
 
     def __init__(self, engine: Engine, group: str, name: str, owner: str, lease: float, token: int,
                  kind: str = LOCK) -> None:
@@ -99,12 +99,9 @@ class Hold:
         self.renewals: dict[str, Renewal] = {}
         self.span: Any = None              # the hold's trace span (ylock.tracing), if traced
         self._lost_published = False
-
-    @property
-    def key(self) -> HoldKey:
-        if self.kind == LOCK:
-            return (self.engine, self.group, self.name, self.owner)
-        return (self.engine, self.group, self.name, self.owner, self.kind)
+        #: Its place in :attr:`HoldTable.by_key` (built once: the lock path looks it up per call).
+        self.key: HoldKey = ((engine, group, name, owner) if kind == LOCK
+                             else (engine, group, name, owner, kind))
 
     @property
     def mode(self) -> str:
@@ -135,8 +132,11 @@ class HoldTable:
         self._reset()
 
     def _reset(self) -> None:
+        #: The lock of :attr:`changed`, taken directly on the lock path (a C-level ``with``:
+        #: a Condition's ``__enter__``/``__exit__`` are Python calls).
+        self._mutex = threading.Lock()
         #: Guards adds, removals, renewal schedules and loss; the watchdog waits on it.
-        self.changed = threading.Condition(threading.Lock())
+        self.changed = threading.Condition(self._mutex)
         self.by_key.clear()
         #: When the renewal thread means to look at the schedule next (it sets this before
         #: it sleeps); a renewal due earlier must wake it.
@@ -150,17 +150,33 @@ class HoldTable:
         """Return the hold for (engine, group, name, owner), or None (no lock taken)."""
         return self.by_key.get(key)
 
-    def add(self, hold: Hold) -> None:
-        """Record a first acquisition."""
-        with self.changed:
+    def add(self, hold: Hold, mode: str | None = None, first_renewal: float = 0.0) -> bool:
+        """Record a first acquisition; with ``mode``, also have that mode renewed as
+        :meth:`renew_from` does (under the same acquisition of the table's lock). Return
+        whether a renewal was scheduled (False: no ``mode``, or its engine needs none)."""
+        if mode is None or not hold.engine.needs_renewal:
+            with self._mutex:
+                self.by_key[hold.key] = hold
+            return False
+        now = time.monotonic()
+        due = now + min(first_renewal, hold.lease / 3)
+        renewal = Renewal(RenewItem(hold.group, hold.name, hold.owner, mode, hold.lease), due, now)
+        with self._mutex:
             self.by_key[hold.key] = hold
+            hold.renewals[mode] = renewal
+            self.scheduled_at = now
+            if due < self.wake_at:           # see renew_from
+                self.wake_at = due
+                self.changed.notify()
+        return True
 
     def remove(self, hold: Hold) -> None:
         """Forget ``hold`` (its final release, or a detach); stop renewing it."""
-        with self.changed:
+        key = hold.key
+        with self._mutex:
             hold.renewals.clear()
-            if self.by_key.get(hold.key) is hold:
-                del self.by_key[hold.key]
+            if self.by_key.get(key) is hold:
+                del self.by_key[key]
 
     def renew_from(self, hold: Hold, mode: str, first_renewal: float) -> bool:
         """Have ``mode`` of ``hold`` renewed, the first time after ``first_renewal`` seconds
@@ -169,8 +185,9 @@ class HoldTable:
             return False
         now = time.monotonic()
         due = now + min(first_renewal, hold.lease / 3)
-        with self.changed:
-            hold.renewals[mode] = Renewal(RenewItem(hold.group, hold.name, hold.owner, mode, hold.lease), due, now)
+        renewal = Renewal(RenewItem(hold.group, hold.name, hold.owner, mode, hold.lease), due, now)
+        with self._mutex:
+            hold.renewals[mode] = renewal
             self.scheduled_at = now
             # Waking the renewal thread costs the lock path a context switch and the GIL:
             # do it only if it would otherwise sleep past this renewal.
@@ -181,7 +198,9 @@ class HoldTable:
 
     def stop_renewing(self, hold: Hold, mode: str) -> None:
         """Stop renewing ``mode`` of ``hold`` (it was released in that mode)."""
-        with self.changed:
+        if mode not in hold.renewals:       # never renewed (or lost): nothing to take back
+            return
+        with self._mutex:
             hold.renewals.pop(mode, None)
 
     # -- reading -----------------------------------------------------------------------

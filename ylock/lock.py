@@ -183,8 +183,7 @@ class _Holding:
             hold.writes = 1
         else:
             hold.reads = 1
-        HOLDS.add(hold)
-        if HOLDS.renew_from(hold, mode, self.polling.waiter_lease / 3):
+        if HOLDS.add(hold, mode, self.polling.waiter_lease / 3):
             WATCHDOG.ensure_running()
         if not sigterm.checked:
             sigterm.install(release_all, EXIT_BUDGET)   # a plain script's `kill PID` gives its holds back
@@ -422,8 +421,7 @@ class _Holding:
             hold.writes = 1
         else:
             hold.reads = 1
-        HOLDS.add(hold)
-        if HOLDS.renew_from(hold, t.mode, target.lease / 3):
+        if HOLDS.add(hold, t.mode, target.lease / 3):
             WATCHDOG.ensure_running()
         events.publish(events.ADOPTED, t.group, t.name, engine.scheme, t.mode, owner=owner, token=t.token)
         return target

@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +36,15 @@ _running_loop = asyncio._get_running_loop   # the C function: None outside a run
 _local = threading.local()
 _ids = itertools.count(1)
 # Owner ids of asyncio tasks. Not a context variable: tasks copy their parent's context,
-# so an id set in a parent would be shared by all its children.
-_task_owners: weakref.WeakKeyDictionary[asyncio.Task[object], str] = weakref.WeakKeyDictionary()
+# so an id set in a parent would be shared by all its children. A dict keyed by weak
+# references (what a WeakKeyDictionary keeps), read without its Python-level ``get``: the
+# lookup runs twice per asyncio acquire+release pair. An entry goes with its task.
+_task_owners: dict[weakref.ref[Any], str] = {}
+_current_task = asyncio.current_task
+
+
+def _forget_task(ref: weakref.ref[Any]) -> None:
+    _task_owners.pop(ref, None)
 
 
 def _new_process_id() -> str:
@@ -155,12 +163,13 @@ def current_owner() -> str:
     scoped = _scoped.get()
     if scoped is not None:
         return scoped
-    if _running_loop() is not None:
-        task = asyncio.current_task()
+    loop = _running_loop()
+    if loop is not None:
+        task = _current_task(loop)
         if task is not None:
-            owner = _task_owners.get(task)
+            owner = _task_owners.get(weakref.ref(task))
             if owner is None:
-                owner = _task_owners[task] = new_owner()
+                owner = _task_owners[weakref.ref(task, _forget_task)] = new_owner()
             return owner
     try:
         return _local.owner  # type: ignore[no-any-return]
@@ -321,7 +330,7 @@ def _new_ids() -> None:
     global _process_id, _local, _task_owners
     _process_id = _new_process_id()
     _local = threading.local()
-    _task_owners = weakref.WeakKeyDictionary()
+    _task_owners = {}
 
 
 after_fork(_new_ids)

@@ -153,6 +153,9 @@ class LocalEngine(Engine):
     """In-process engine (see module docstring)."""
 
     scheme = "local"
+    #: Its :meth:`arelease` never suspends, so it is never cancelled midway (and a second
+    #: release of a hold finds nothing and answers False): the facade awaits it directly.
+    release_resendable = True
     _tokens = itertools.count(1)  # one counter for the whole process
 
     def __init__(self, url: str = "local://") -> None:

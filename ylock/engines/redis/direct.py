@@ -41,6 +41,7 @@ Redis Cluster keeps redis-py's own path (it routes by slot and follows ``MOVED``
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import logging
@@ -49,6 +50,8 @@ import time
 from typing import Any
 
 import redis.exceptions as rex
+from redis._parsers.encoders import Encoder
+from redis.connection import PythonRespSerializer
 
 logger = logging.getLogger("ylock.engines.redis")
 
@@ -153,7 +156,7 @@ class DirectCalls:
         try:
             _send(conn, commands[0], end)
             for args in commands[1:]:
-                conn.send_command(*args, check_health=False)
+                conn.send_packed_command(conn.ylock_pack(*args), check_health=False)
             replies = _read_all(conn.read_response, len(commands))
         except BaseException:
             conn.disconnect()
@@ -202,6 +205,7 @@ class DirectCalls:
         try:
             conn = self.pool.get_connection()     # redis-py 8 connects here
             conn.ylock_epoch = self.epoch
+            conn.ylock_pack = _packer(conn)
             return conn
         except BaseException as exc:
             with self._freed:
@@ -236,6 +240,40 @@ def _raise_first_error(replies: list[Any]) -> list[Any]:
     return replies
 
 
+def _packer(conn: Any) -> Any:
+    """How to pack commands for ``conn``: :func:`_pack` where it packs as the connection
+    would (redis-py's Python serializer, UTF-8 strict), else the connection's own packer
+    (hiredis's, or another encoding)."""
+    encoder = conn.encoder
+    packer = getattr(conn, "_command_packer", None)      # None: redis.asyncio packs in Python
+    if (packer is None or packer.__class__ is PythonRespSerializer) and encoder.encoding_errors == "strict" \
+            and encoder.encoding.replace("-", "").replace("_", "").lower() == "utf8":
+        return _pack
+    return conn.pack_command
+
+
+_encode = Encoder("utf-8", "strict", False).encode
+
+
+def _pack(*args: Any) -> list[bytes]:
+    """Pack one command as redis-py's Python serializer does, in one buffer: about a quarter
+    of its CPU for the lock path's commands (a dozen short str and int arguments), which
+    redis-py's asyncio connections pack in Python even with hiredis. The command's name
+    is one word (the lock path's commands are: no splitting of ``"CONFIG GET"``)."""
+    out = [b"*%d\r\n" % len(args)]
+    append = out.append
+    for arg in args:
+        cls = arg.__class__
+        if cls is str:
+            arg = arg.encode()
+        elif cls is int:
+            arg = b"%d" % arg
+        elif cls is not bytes:
+            arg = _encode(arg)          # floats, buffers; what redis-py refuses raises its DataError
+        append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+    return [b"".join(out)]
+
+
 def _send(conn: Any, args: tuple[Any, ...], end: float | None) -> None:
     """Connect ``conn`` if needed and send ``args``, its socket reading for what is left
     until ``end`` (monotonic; None: the connection's own socket timeout; a blocking pop
@@ -246,7 +284,7 @@ def _send(conn: Any, args: tuple[Any, ...], end: float | None) -> None:
     if conn._sock is None:
         _connect(conn, left)
     conn._sock.settimeout(conn.socket_timeout if left is None else left)
-    conn.send_command(*args, check_health=False)
+    conn.send_packed_command(conn.ylock_pack(*args), check_health=False)
 
 
 def _connect(conn: Any, left: float | None) -> None:
@@ -287,21 +325,19 @@ class AsyncDirectCalls:
 
     async def __call__(self, *args: Any, timeout: float | None = None) -> Any:
         end = None if timeout is None else time.monotonic() + timeout
-        idle = self.idle
         try:
-            conn = idle.pop()
+            conn = self.idle.pop()
         except IndexError:
             conn = await self.checkout(end)
-        await self._refresh(conn)
+        if conn.__dict__.get("ylock_epoch") != self.epoch or self._sentinel:
+            await self._refresh(conn)
         try:
             try:
-                await conn.send_command(*args, check_health=False)
-                reply = await conn.read_response(timeout=_left(end))
+                reply = await _exchange(conn, conn.ylock_pack(*args), end)
             except rex.ConnectionError:
                 self.fault()
                 await conn.disconnect(nowait=True)
-                await conn.send_command(*args, check_health=False)   # connects anew, once
-                reply = await conn.read_response(timeout=_left(end))
+                reply = await _exchange(conn, conn.ylock_pack(*args), end)     # connects anew, once
         except rex.ResponseError as exc:
             if isinstance(exc, _NOT_MASTER) or str(exc).startswith("NOREPLICAS"):
                 self.fault()
@@ -326,12 +362,11 @@ class AsyncDirectCalls:
             conn = await self.checkout(end)
         await self._refresh(conn)
         try:
-            for args in commands:
-                await conn.send_command(*args, check_health=False)
+            await _awrite(conn, conn.pack_commands(commands), end)
             replies = []
             for _ in commands:
                 try:
-                    replies.append(await conn.read_response(timeout=_left(end)))
+                    replies.append(await _aread(conn, end))
                 except rex.ResponseError as exc:
                     replies.append(exc)
         except BaseException:
@@ -361,6 +396,7 @@ class AsyncDirectCalls:
             try:
                 conn = await self.pool.get_connection()
                 conn.ylock_epoch = self.epoch
+                conn.ylock_pack = _packer(conn)
                 return conn
             except BaseException as exc:
                 self.made -= 1
@@ -401,6 +437,77 @@ def _left(end: float | None) -> float | None:
     if left <= 0:
         raise rex.TimeoutError("no time left for the call")
     return left
+
+
+async def _exchange(conn: Any, packed: list[bytes], end: float | None) -> Any:
+    """Send one packed command on ``conn`` (connecting it if needed) and read its reply, all
+    before ``end`` (monotonic; None: each socket operation within the socket timeout)."""
+    await _awrite(conn, packed, end)
+    return await _aread(conn, end)
+
+
+async def _awrite(conn: Any, packed: list[bytes], end: float | None) -> None:
+    """Connect ``conn`` if needed and write ``packed`` to it, within what is left until ``end``.
+
+    Not through redis-py's ``send_packed_command``: with a socket timeout it wraps every
+    write in ``asyncio.wait_for``, a Task and two more loop turns per command (before
+    Python 3.12) for a write that nearly always goes straight into the kernel's buffer: a
+    fifth of the client CPU of an asyncio lock/unlock pair. Here only a write that the
+    transport had to buffer (a full socket buffer: a stalled server or network) is awaited,
+    bounded as the call is."""
+    left = _left(end)
+    if not conn.is_connected:
+        await _aconnect(conn, left)
+    writer = conn._writer
+    if writer.transport.is_closing():       # the loop saw the connection end: connect anew
+        await conn.disconnect(nowait=True)
+        raise rex.ConnectionError("the connection was closed")
+    try:
+        writer.writelines(packed)
+        if writer.transport.get_write_buffer_size():
+            bound = conn.socket_timeout if end is None else end - time.monotonic()
+            if bound is not None and bound <= 0:
+                raise asyncio.TimeoutError
+            await asyncio.wait_for(writer.drain(), bound)
+    except asyncio.TimeoutError:
+        await conn.disconnect(nowait=True)
+        raise rex.TimeoutError("Timeout writing to socket") from None
+    except OSError as exc:
+        await conn.disconnect(nowait=True)
+        raise rex.ConnectionError(f"Error while writing to socket: {exc}") from exc
+
+
+async def _aread(conn: Any, end: float | None) -> Any:
+    """Read one reply from ``conn`` within what is left until ``end`` (None: its socket timeout).
+
+    The bound goes through the connection's ``socket_timeout`` rather than ``read_response``'s
+    ``timeout``, with which redis-py answers None when time runs out and keeps the connection
+    with the reply still to come: the next call would read it as its own."""
+    if end is None:
+        return await conn.read_response()
+    saved = conn.socket_timeout
+    conn.socket_timeout = _left(end)
+    try:
+        return await conn.read_response()   # a timeout raises TimeoutError and disconnects
+    finally:
+        conn.socket_timeout = saved
+
+
+async def _aconnect(conn: Any, left: float | None) -> None:
+    """:func:`_connect` for a ``redis.asyncio`` connection: connect and run the handshake
+    within ``left`` seconds; a handshake refused with an error reply is a connection error."""
+    saved = conn.socket_connect_timeout, conn.socket_timeout
+    if left is not None:
+        conn.socket_connect_timeout = min(left, saved[0] or left)
+        conn.socket_timeout = min(left, saved[1] or left)
+    try:
+        connect = getattr(conn, "connect_check_health", None)     # redis-py >= 6 (no retry, no PING)
+        await (connect(check_health=False) if connect is not None else conn.connect())
+    except rex.ResponseError as exc:
+        await conn.disconnect(nowait=True)
+        raise rex.ConnectionError(f"the server refused to set up the connection: {exc}") from exc
+    finally:
+        conn.socket_connect_timeout, conn.socket_timeout = saved
 
 
 class Refusals:
@@ -599,10 +706,21 @@ class NotifyHub:
     grant pushed meanwhile stays in its list until then. A grant popped for a task that
     stopped waiting is dropped: the grant lives in the lock's own keys, which that task's
     next try reads, so the notification is only a wake-up. A refused ``BLPOP`` is logged
-    once and the tasks poll."""
+    once and the tasks poll.
+
+    A task's key stays in the ``BLPOP`` for :attr:`LINGER` seconds after it stopped waiting:
+    tasks that take turns on a lock wait again soon after each acquisition, and their key
+    is then watched already: no wake-up round trip and no ``BLPOP`` sent again for it (8
+    tasks of a loop taking turns: one ``BLPOP`` per acquisition instead of two and a wake-up).
+    A value popped for such a key while its task was between two waits (its try in flight)
+    is not handed over (it may be a grant that try took already: a stale token must never
+    pass for a grant), but noted: the task's next wait returns a wake-up at once, so that it
+    tries again rather than wait out its timeout for a grant that was already pushed."""
 
     #: Seconds a BLPOP blocks before it is sent again (a safety net, not a poll).
     BLOCK = 5.0
+    #: Seconds a key stays in the BLPOP after its task stopped waiting (see above).
+    LINGER = 5.0
 
     def __init__(self, pool: Any, calls: AsyncDirectCalls, wake_key: str, refusals: Refusals | None = None) -> None:
         import asyncio
@@ -618,12 +736,17 @@ class NotifyHub:
         self._blocking: set[str] = set()           # the keys of the BLPOP in flight
         self._waking = False
         self._block = self.BLOCK
+        self._left: dict[str, float] = {}          # key -> when its task last stopped waiting
+        self._early: set[str] = set()              # keys popped between their task's waits
 
     async def wait(self, key: str, timeout: float) -> Any:
         """Wait up to ``timeout`` s for a value pushed to ``key``; return it, or None."""
         if "BLPOP" in self.refusals.commands:
             await self._asyncio.sleep(timeout)        # polling: the next try reads the lock's keys
             return None
+        if key in self._early:
+            self._early.discard(key)
+            return (key, b"wake")                    # try again now (see the class docstring)
         loop = self._asyncio.get_running_loop()
         future = loop.create_future()
         self.waiting[key] = future
@@ -641,6 +764,8 @@ class NotifyHub:
             timer.cancel()
             if self.waiting.get(key) is future:
                 del self.waiting[key]
+            if key not in self.waiting:
+                self._left[key] = time.monotonic()  # watched a while longer: see LINGER
             if not self.waiting and self._task is not None and not self._task.done():
                 # Nobody waits any more: stop blocking (its connection is dropped, so the
                 # server stops popping for it), rather than leave a task pending in a loop
@@ -678,11 +803,18 @@ class NotifyHub:
                 if self._conn is None:
                     self._conn = await self.calls.checkout(None)
                 keys = list(self.waiting)
+                if self._left:
+                    lingered = time.monotonic() - self.LINGER
+                    self._left = {k: t for k, t in self._left.items() if t > lingered and k not in self.waiting}
+                    keys += self._left
+                    if self._early:
+                        self._early &= self._left.keys()
                 self._blocking = set(keys)
                 self._waking = False
                 try:
-                    await self._conn.send_command("BLPOP", *keys, self.wake_key, self._block, check_health=False)
-                    reply = await self._conn.read_response(timeout=self._block + 5.0)
+                    conn = self._conn
+                    reply = await _exchange(conn, conn.ylock_pack("BLPOP", *keys, self.wake_key, self._block),
+                                            time.monotonic() + self._block + 5.0)
                 finally:
                     self._blocking = set()
                 if reply:
@@ -690,6 +822,8 @@ class NotifyHub:
                     future = self.waiting.pop(key, None)     # None for the wake-up list
                     if future is not None:
                         _settle(future, reply)
+                    elif key in self._left:
+                        self._early.add(key)                 # its task's next wait tries again
         except (Exception, self._asyncio.CancelledError) as exc:  # noqa: BLE001 - the waiters poll on
             if refused(exc):                # an ACL, a proxy: never again, the tasks poll
                 self.refusals.note("BLPOP", exc, *_BLPOP_REFUSED)

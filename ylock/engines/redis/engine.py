@@ -277,13 +277,14 @@ class RedisEngine(Engine):
     async def aacquire(self, request: AcquireRequest) -> int | None:
         r = request
         key, args = self._request(r)
-        side = self._async.get(asyncio.get_running_loop()) or await open_side(self)
+        loop = asyncio.get_running_loop()
+        side = self._async.get(loop) or await open_side(self)
         reply = None
         if not self.wait_replicas and (r.deadline is None or time.monotonic() < r.deadline):
             # The first try awaited here, as :meth:`acquire` does it: an uncontended lock costs
             # no steps and no executor. A cancellation meanwhile (also one a layer below
             # swallowed, see arun_steps) gives back what the try may have got, as the steps do.
-            task = asyncio.current_task()
+            task = asyncio.current_task(loop)
             cancels = cancelling(task)
             try:
                 reply = await self._arun(side, ACQUIRE[r.mode], key, args, self.socket_timeout)

@@ -1,0 +1,90 @@
+"""The asyncio notify hub (``ylock.engines.redis.direct.NotifyHub``) while the tasks of one
+loop take turns on a fair lock: a task's key stays watched for a while after it stopped
+waiting, so a task that waits again needs no wake-up and the hub no second ``BLPOP``. The
+turns stay fair and exclusive."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis
+import redis.asyncio
+
+import ylock
+from ylock.testing.redis import RedisServer
+
+TASKS = 8
+TURNS = 40
+
+
+def test_tasks_taking_turns_send_no_wake_ups_and_one_blpop_per_handoff(group):
+    with RedisServer() as server:
+        engine = ylock.engine_from_url(server.url)
+        admin = redis.Redis.from_url(server.url)
+        inside: list[int] = []
+        order: list[int] = []
+
+        async def worker(lock: ylock.Lock, me: int) -> None:
+            for _ in range(TURNS):
+                await lock.alock(timeout=30)
+                inside.append(me)
+                assert len(inside) == 1            # exclusive
+                order.append(me)
+                await asyncio.sleep(0)             # the others queue meanwhile
+                inside.pop()
+                await lock.aunlock()
+
+        async def main() -> None:
+            lock = ylock.Lock(engine, group, "turns", fair=True)
+            await lock.alock()
+            await lock.aunlock()
+            admin.config_resetstat()
+            await asyncio.gather(*(worker(lock, me) for me in range(TASKS)))
+
+        try:
+            asyncio.run(main())
+            stats = admin.info("commandstats")
+        finally:
+            engine.close()
+    acquisitions = TASKS * TURNS
+    assert len(order) == acquisitions
+    wake_ups = stats.get("cmdstat_lpush", {}).get("calls", 0)
+    blpops = stats.get("cmdstat_blpop", {}).get("calls", 0)
+    # Each task's first wait may wake the hub once; later waits find their key watched.
+    assert wake_ups <= 2 * TASKS, f"{wake_ups} wake-ups for {acquisitions} acquisitions"
+    assert blpops <= acquisitions + 2 * TASKS, f"{blpops} BLPOPs for {acquisitions} acquisitions"
+    # Fair: once all queue, nobody takes two turns while another waits (FIFO hand-offs).
+    steady = order[TASKS:-TASKS]
+    assert all(a != b for a, b in zip(steady, steady[1:])), order
+
+
+def test_a_value_popped_between_two_waits_of_a_task_makes_its_next_wait_a_wake_up():
+    from ylock.engines.redis.direct import AsyncDirectCalls, NotifyHub
+
+    async def main(server: RedisServer) -> tuple[object, object, float]:
+        pool = redis.asyncio.ConnectionPool.from_url(server.url)
+        calls = AsyncDirectCalls(pool)
+        hub = NotifyHub(pool, calls, "ylock-test-hub-wake")
+        other = asyncio.create_task(hub.wait("ylock-test-a", 30))    # keeps the hub blocking
+        first = await hub.wait("ylock-test-b", 0.2)                   # nothing yet: times out
+        await calls("LPUSH", "ylock-test-b", "granted", timeout=2)   # b's key still watched: popped
+        for _ in range(500):
+            if "ylock-test-b" in hub._early:
+                break
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        second = await hub.wait("ylock-test-b", 5)
+        elapsed = time.monotonic() - started
+        other.cancel()
+        await asyncio.gather(other, return_exceptions=True)
+        await hub.aclose()
+        await pool.disconnect()
+        return first, second, elapsed
+
+    with RedisServer() as server:
+        first, second, elapsed = asyncio.run(main(server))
+    assert first is None
+    # Not the value (it may be a grant that the task's try took already), a wake-up: the
+    # task tries again at once rather than wait out its timeout.
+    assert second == ("ylock-test-b", b"wake")
+    assert elapsed < 1.0, elapsed

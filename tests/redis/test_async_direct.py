@@ -1,0 +1,119 @@
+"""The asyncio lock path's direct connections (``AsyncDirectCalls``), which write without
+redis-py's per-command ``asyncio.wait_for``: a call still ends within its timeout (a frozen
+server, a write the server does not take), never leaves a stale reply behind, replaces a
+dropped connection once and keeps one after an error reply."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+import redis.asyncio
+
+from ylock.engines.redis.direct import AsyncDirectCalls
+from ylock.testing.redis import RedisServer
+
+
+def test_a_timeout_leaves_no_stale_reply_and_is_not_retried():
+    async def main(server: RedisServer) -> None:
+        pool = redis.asyncio.ConnectionPool.from_url(server.url, socket_timeout=0.3)
+        call = AsyncDirectCalls(pool)
+        assert await call("ECHO", "warm") == b"warm"
+        server.pause()
+        try:
+            for timeout, bound in ((0.15, 0.15), (None, 0.3)):     # the call's own, else the socket's
+                started = time.monotonic()
+                with pytest.raises(redis.exceptions.TimeoutError):
+                    await call("ECHO", f"late-{timeout}", timeout=timeout)
+                elapsed = time.monotonic() - started
+                assert bound - 0.02 <= elapsed < bound * 2, (timeout, elapsed)   # no second try
+        finally:
+            server.resume()
+        # The server answers the late ECHOs now; the next calls must read their own replies.
+        assert await call("ECHO", "second", timeout=1.0) == b"second"
+        assert await call("ECHO", "third") == b"third"
+        await pool.disconnect()
+
+    with RedisServer() as server:
+        asyncio.run(main(server))
+
+
+def test_a_write_the_frozen_server_does_not_take_times_out_within_the_call():
+    async def main(server: RedisServer) -> None:
+        pool = redis.asyncio.ConnectionPool.from_url(server.url, socket_timeout=0.3)
+        call = AsyncDirectCalls(pool)
+        assert await call("PING") == b"PONG"
+        server.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(redis.exceptions.TimeoutError):
+                # Far more than the socket buffers hold: the write itself has to wait.
+                await call("SET", "ylock-async-direct-big", b"x" * (64 << 20), timeout=0.2)
+            elapsed = time.monotonic() - started
+            assert elapsed < 0.2 + 0.3, elapsed      # within its timeout plus one socket timeout
+        finally:
+            server.resume()
+        assert await call("ECHO", "after", timeout=5.0) == b"after"
+        await pool.disconnect()
+
+    with RedisServer() as server:
+        asyncio.run(main(server))
+
+
+def test_a_connection_the_server_dropped_is_replaced_once(redis_server):
+    async def main() -> None:
+        pool = redis.asyncio.ConnectionPool.from_url(redis_server.url, client_name="ylock-async-direct-drop")
+        call = AsyncDirectCalls(pool)
+        assert await call("ECHO", "before") == b"before"
+        admin = redis.Redis.from_url(redis_server.url)
+        killed = [c for c in admin.client_list() if c.get("name") == "ylock-async-direct-drop"]
+        assert len(killed) == 1
+        admin.client_kill_filter(_id=killed[0]["id"])
+        assert await call("ECHO", "after", timeout=2.0) == b"after"   # found dead, replaced, sent again
+        assert [c["name"] for c in admin.client_list()].count("ylock-async-direct-drop") == 1
+        assert call.made == 1
+        await pool.disconnect()
+
+    asyncio.run(main())
+
+
+def test_an_error_reply_keeps_the_connection(redis_server):
+    async def main() -> None:
+        pool = redis.asyncio.ConnectionPool.from_url(redis_server.url)
+        call = AsyncDirectCalls(pool)
+        assert await call("SET", "ylock-async-direct-k", "v") == b"OK"
+        conn = call.idle[0]
+        with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+            await call("LPUSH", "ylock-async-direct-k", "x", timeout=1.0)
+        assert call.idle == [conn] and conn.is_connected
+        assert await call("GET", "ylock-async-direct-k", timeout=1.0) == b"v"   # its own reply
+        assert await call.many(("ECHO", "a"), ("ECHO", "b"), timeout=1.0) == [b"a", b"b"]
+        await pool.disconnect()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("args", [
+    ("EVALSHA", "a" * 40, 1, "ylock:{orders:global}:x", "host:1:ab:42", "write", 1, 30000, 1500, ""),
+    ("SET", "ключ", "значение ✓", -7, 0, 2.5, b"\x00\r\n", bytearray(b"ba"), memoryview(b"mv")),
+    ("BLPOP", "k1", "k2", "wake", 5.0),
+])
+def test_the_lock_paths_packer_packs_as_redis_py(args):
+    from ylock.engines.redis.direct import _pack, _packer
+
+    conn = redis.Connection()
+    assert _packer(conn) is _pack                          # redis-py's Python serializer, UTF-8
+    assert b"".join(_pack(*args)) == b"".join(conn.pack_command(*args))
+    assert b"".join(_pack(*args)) == b"".join(redis.asyncio.Connection().pack_command(*args))
+
+
+def test_the_lock_paths_packer_refuses_what_redis_py_refuses_and_defers_to_other_encodings():
+    from ylock.engines.redis.direct import _pack, _packer
+
+    for bad in (True, None, object()):
+        with pytest.raises(redis.exceptions.DataError):
+            _pack("SET", "k", bad)
+    latin = redis.Connection(encoding="latin-1")
+    assert _packer(latin) == latin.pack_command            # not UTF-8: the connection's own
+    assert _packer(redis.asyncio.Connection(encoding_errors="replace")) != _pack
