@@ -4,13 +4,14 @@ behind the first queued writer), with dead waiters inside the run evicted; and t
 pushes the lock to its waiter, who does not wait for its next poll."""
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import redis
 
 import ylock
-from tests.helpers import Runner, collect, wait_until, waiters
+from tests.helpers import Runner, collect, expect_event, wait_until, waiters
 
 SLOW = ylock.Polling.constant(1.5)     # no poll during the test: every entry is a grant
 
@@ -100,3 +101,37 @@ def test_notify_hands_the_lock_over_without_waiting_for_a_poll(redis_server, gro
     holder.unlock()
     runner.outcome()
     assert acquired_at[0] - released < 0.3         # the release pushed the lock to it
+
+
+def test_asyncio_tasks_on_a_cluster_are_handed_the_lock_without_waiting_for_a_poll(redis_cluster_engine, group):
+    """A Cluster has no shared BLPOP (keys of several slots): each waiting task blocks on its
+    own notify key, as a Cluster thread does. With a 4 s poll interval a polling waiter
+    would take seconds after the release (its wait is the poll interval or the lock's time to
+    live, whichever is shorter: the holder is renewed to its 30 s lease first); a notified
+    one takes a round trip or two."""
+    engine = redis_cluster_engine
+    polling = ylock.Polling.constant(4.0)
+    renewed = expect_event(ylock.events.RENEWED, group)
+
+    async def main() -> float:
+        holder = ylock.Lock(engine, group, "n")
+        await holder.alock()
+        assert await asyncio.to_thread(renewed.wait, 10)       # its key now lives 30 s
+        acquired = asyncio.Event()
+
+        async def wait() -> None:
+            lock = ylock.Lock(engine, group, "n", polling=polling)
+            await lock.alock(timeout=20)
+            acquired.set()
+            await lock.aunlock()
+        task = asyncio.create_task(wait())
+        while not await asyncio.to_thread(waiters, engine, group, "n"):
+            await asyncio.sleep(0.01)
+        released = time.monotonic()
+        await holder.aunlock()
+        await asyncio.wait_for(acquired.wait(), 20)
+        took = time.monotonic() - released
+        await task
+        return took
+    took = asyncio.run(main())
+    assert took < 2.0, f"the queued task got the lock {took:.2f} s after the release (a poll is 4 s)"

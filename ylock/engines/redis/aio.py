@@ -20,12 +20,19 @@ class AsyncSide:
     """One event loop's share of an engine: its asyncio client, direct calls, notify hub,
     closed with the loop (see :func:`open_side`)."""
 
-    __slots__ = ("client", "calls", "hub", "closer", "__weakref__")
+    __slots__ = ("client", "calls", "hub", "pops", "closer", "__weakref__")
+
+    #: On a Cluster (no hub: a multi-key BLPOP cannot span slots), how many tasks of a loop
+    #: may block in a BLPOP of their own at once, each on a connection of its own; the others
+    #: wait their poll interval out, as every Cluster task did before.
+    CLUSTER_POPS = 32
 
     def __init__(self, client: Any, calls: Any, hub: NotifyHub | None) -> None:
         self.client = client
         self.calls = calls
         self.hub = hub
+        #: Cluster only: the blocking pops this loop may still start (see CLUSTER_POPS).
+        self.pops = self.CLUSTER_POPS if hub is None else 0
         self.closer: Any = None     # the async generator whose closing closes this side
 
     async def aclose(self) -> None:
@@ -81,7 +88,7 @@ async def open_side(engine: EngineParts) -> AsyncSide:
     engine.client  # noqa: B018 - registers the scripts (their SHAs) once
     client = engine.clients.build_async()
     pool = getattr(client, "connection_pool", None)
-    if pool is None:        # Cluster: redis-py routes; waiters poll (no multi-key BLPOP across slots)
+    if pool is None:        # Cluster: redis-py routes; no shared BLPOP (no multi-key BLPOP across slots)
         side = AsyncSide(client, async_cluster_call(client), None)
     else:
         calls = AsyncDirectCalls(pool)

@@ -540,7 +540,7 @@ def refused(exc: BaseException) -> bool:
                                   "unsupported command"))
 
 
-_BLPOP_REFUSED = ("waiters no longer block for their grants but poll (a handoff can take up to one poll interval)",
+BLPOP_REFUSED = ("waiters no longer block for their grants but poll (a handoff can take up to one poll interval)",
                   "ACL SETUSER <user> +blpop (and keys ~<prefix>:*)")
 _WAKE_REFUSED = ("a waiter that joins a shared wait is watched within 50 ms instead of at once",
                  "ACL SETUSER <user> +lpush +pexpire (and keys ~<prefix>:*)")
@@ -613,7 +613,7 @@ class ThreadNotifyHub:
             except rex.ResponseError as exc:
                 if not refused(exc):
                     raise
-                self.refusals.note("BLPOP", exc, *_BLPOP_REFUSED)
+                self.refusals.note("BLPOP", exc, *BLPOP_REFUSED)
                 time.sleep(timeout)           # polling: the next try reads the lock's keys
                 return None
             finally:
@@ -684,7 +684,7 @@ class ThreadNotifyHub:
                             slot.event.set()
         except BaseException as exc:  # noqa: BLE001 - the waiters try again (and see the error themselves)
             if refused(exc):                # an ACL, a proxy: never again, the waiters poll
-                self.refusals.note("BLPOP", exc, *_BLPOP_REFUSED)
+                self.refusals.note("BLPOP", exc, *BLPOP_REFUSED)
             with self._mutex:
                 self._thread = None
                 self._blocking = frozenset()
@@ -826,7 +826,7 @@ class NotifyHub:
                         self._early.add(key)                 # its task's next wait tries again
         except (Exception, self._asyncio.CancelledError) as exc:  # noqa: BLE001 - the waiters poll on
             if refused(exc):                # an ACL, a proxy: never again, the tasks poll
-                self.refusals.note("BLPOP", exc, *_BLPOP_REFUSED)
+                self.refusals.note("BLPOP", exc, *BLPOP_REFUSED)
             if self._conn is not None:
                 await self._conn.disconnect(nowait=True)
                 self.calls.checkin(self._conn)
