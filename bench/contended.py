@@ -19,6 +19,8 @@ def _pair(lib: str, redis_url: str, zk_hosts: str, name: str) -> tuple[Any, Any,
         return (*peers.ylock_pair(peers.ylock_engine(redis_url + "?notify=false"), name), None)
     if lib == "ylock zookeeper":
         return (*peers.ylock_pair(peers.ylock_engine(f"zookeeper://{zk_hosts}/bench"), name), None)
+    if lib == "fair-handoff floor (ticket lock)":
+        return (*peers.ticket_lock(client, name), None)
     if lib == "hand-written SET NX":
         return (*peers.hand_written(client, name), None)
     if lib == "redis-py Lock":
