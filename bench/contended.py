@@ -46,12 +46,21 @@ def _pair(lib: str, redis_url: str, zk_hosts: str, name: str) -> tuple[Any, Any,
 
 
 def worker(lib: str, redis_url: str, zk_hosts: str, name: str, start_at: float, duration: float,
-           max_ops: int) -> list[tuple[int, int, int]]:
-    """Run in a spawned process; return (asked, got, released) ns timestamps per acquisition."""
+           max_ops: int, procs: int = 0) -> list[tuple[int, int, int]]:
+    """Run in a spawned process; return (asked, got, released) ns timestamps per acquisition.
+    With ``procs``, start when all ``procs`` workers are ready (the last one to get ready
+    releases the others, through Redis: on a loaded machine a spawned process can take
+    longer to start than any fixed lead time), else at ``start_at``."""
     acquire, release, keep = _pair(lib, redis_url, zk_hosts, name)
     counter = redis.Redis.from_url(redis_url)
     key = f"counter:{name}"
     log: list[tuple[int, int, int]] = []
+    if procs:
+        if counter.incr(f"ready:{name}") == procs:
+            counter.rpush(f"go:{name}", *["go"] * procs)
+        if counter.blpop([f"go:{name}"], 300) is None:
+            raise TimeoutError(f"not all {procs} workers were ready within 300 s")
+        start_at = time.time()
     while time.time() < start_at:
         time.sleep(0.001)
     end = start_at + duration

@@ -41,8 +41,7 @@ import redis
 
 import ylock
 from bench import peers, restricted_acl
-from bench.run import (bench_parser, contended_run, machine, pair_op, paired_ratio, run_bench, runs_of,
-                       server_cpu, stats)
+from bench.run import bench_parser, contended_run, machine, pair_op, paired_ratio, run_bench, runs_of, server_cpu, stats
 from ylock.testing.redis import RedisCluster, RedisSentinel, RedisServer, make_tls_files
 from ylock.testing.zookeeper import ZooKeeperServer, four_letter
 
@@ -157,7 +156,7 @@ class Guarantees:
         self.rounds = 10 if quick else max(10, 3 * runs)
         self.seconds = seconds or (0.05 if quick else 0.2)
         self.duration = duration or (1.0 if quick else 2.0)
-        self.hold = hold or (2.0 if quick else 10.0)
+        self.hold = hold or (3.0 if quick else 12.0)
         self.placement = Placement()
         self.redis = RedisServer().start()
         self.zk = ZooKeeperServer().start()
@@ -232,7 +231,7 @@ class Guarantees:
         runs: dict[str, list[dict[str, Any]]] = {lib: [] for lib in libs}
         ratios = []
         for _ in range(rounds):                           # floor, ylock, ylock, floor
-            got = {lib: [] for lib in libs}
+            got: dict[str, list[dict[str, Any]]] = {lib: [] for lib in libs}
             for lib in (libs[0], libs[1], libs[1], libs[0]):
                 row = contended_run(lib, self.redis.url, self.zk.hosts, procs, self.duration, self.client)
                 got[lib].append(row)
@@ -314,21 +313,25 @@ class Guarantees:
         out: dict[str, Any] = {"pair: suspended=guard / wait": self._ratio(
             pair_op(peers.ylock_pair(wait, f"z{n}")), pair_op(peers.ylock_pair(guard, f"z{n}")),
             proc_cpu(self.zk_pid), 1, "suspended=wait", "suspended=guard (default)")}
+        guard.close()
+        wait.close()
         # A hold of ``self.hold`` seconds: requests per second the server received meanwhile,
-        # guard, wait, wait, guard (the wait is the measurement, not a synchronisation).
+        # guard, wait, wait, guard, each from an engine of its own and the only session open
+        # (the server counts every session's requests; the wait is the measurement, not a
+        # synchronisation).
         held: dict[str, list[float]] = {"suspended=guard (default)": [], "suspended=wait": []}
-        order = [("suspended=guard (default)", guard), ("suspended=wait", wait)]
-        for label, engine in (order[0], order[1], order[1], order[0]):
+        query = {"suspended=guard (default)": "", "suspended=wait": "?suspended=wait"}
+        for label in (*held, *reversed(held)):
+            engine = peers.ylock_engine(f"zookeeper://{self.zk.hosts}/bench{query[label]}")
             lock = ylock.Lock(engine, "bench", f"h{n}")
             lock.lock()
             before, began = _zk_received(self.zk.node.port), time.monotonic()
             time.sleep(self.hold)
             received, spent = _zk_received(self.zk.node.port) - before, time.monotonic() - began
             lock.unlock()
+            engine.close()
             held[label].append((received - 1) / spent)      # minus the srvr of its own reading
         out[f"hold of {self.hold:.0f} s: requests/s at the server"] = {k: statistics.median(v) for k, v in held.items()}
-        guard.close()
-        wait.close()
         self.results["zk_suspended"] = out
 
     # -- 3d. ACL fallbacks -------------------------------------------------------------------------
@@ -376,7 +379,7 @@ class Guarantees:
         for r in range(rounds):
             for label in labels if r % 2 == 0 else labels[::-1]:
                 got = restricted_acl.handoffs(urls[label], admin or self.client, 3, 4 if self.quick else 10,
-                                              **options.get(label, {}))
+                                              options=options.get(label))
                 p = pooled[label]
                 p["latencies"] += got["latencies_ms"]
                 p["connections"] += got["connections"]
@@ -399,7 +402,7 @@ def _zk_received(port: int) -> int:
 
 def markdown(r: dict[str, Any]) -> str:
     m = r["machine"]
-    load = r["machine"].get("load_after") or r.get("load_before")
+    load = r["machine"].get("load_after") or r["load_before"]
     lines = [f"Machine: {m['cpus']} cores, {m['cpu']}, Python {m['python']}, {m['redis_server']}; {m['when']}; "
              f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; placement: {r['placement']}; ratios: "
              f"{r['rounds']} rounds of A, B, B, A ({r['seconds_per_side']} s a side), median (min-max)"
@@ -423,7 +426,8 @@ def markdown(r: dict[str, Any]) -> str:
         lines += [f"**Contended fair handoff, {f['processes']} processes** (GET+SET counter inside; {f['rounds']} "
                   f"rounds of floor, ylock, ylock, floor): ylock ÷ floor = {f['ylock / floor']['median']:.2f} "
                   f"({f['ylock / floor']['min']:.2f}-{f['ylock / floor']['max']:.2f})", "",
-                  "| lock | acq/s | lost updates | Redis cmds/acq | self | gap p50 ms |", "|---|---:|---:|---:|---:|---:|"]
+                  "| lock | acq/s | lost updates | Redis cmds/acq | self | gap p50 ms |",
+                  "|---|---:|---:|---:|---:|---:|"]
         for lib, row in f["rows"].items():
             cmds, self_, gap = row.get("redis_cmds_per_acq"), row.get("self_reacquire"), row.get("gap_p50_ms")
             lines.append(f"| {lib} | {row['acq_per_s']:,.0f} | {row['lost_updates']} | "
@@ -443,7 +447,8 @@ def markdown(r: dict[str, Any]) -> str:
         if key in r:
             lines += [f"**{title}** (3 threads on one fair lock, 10 ms holds, 2 bystanders waiting; {r[key]['rounds']} "
                       "rounds forwards then backwards)", "",
-                      "| case | handoffs | p50 ms | p99 ms | connections/run | EVALSHA/handoff | client CPU ms/handoff |",
+                      "| case | handoffs | p50 ms | p99 ms | connections/run | EVALSHA/handoff | "
+                      "client CPU ms/handoff |",
                       "|---|---:|---:|---:|---:|---:|---:|"]
             for label, row in r[key]["rows"].items():
                 lines.append(f"| {label} | {row['handoffs']} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | "
@@ -459,7 +464,7 @@ def markdown(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = bench_parser("bench.guarantees", __doc__, "guarantees", SECTIONS)
-    parser.add_argument("--hold", type=float, default=None, help="seconds of the ZooKeeper hold (2 quick, 10)")
+    parser.add_argument("--hold", type=float, default=None, help="seconds of the ZooKeeper hold (3 quick, 12)")
     args = parser.parse_args(argv)
     bench = Guarantees(args.quick, runs_of(args), args.seconds, args.duration, args.hold)
     return run_bench(bench, args.only, args, "guarantees", markdown)

@@ -32,7 +32,7 @@ def _cpu() -> float:
 
 
 def handoffs(url: str, admin: redis.Redis, workers: int = 3, rounds: int = 4, hold: float = 0.01,
-             **options: Any) -> dict[str, Any]:
+             options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Let ``workers`` threads take a fair lock in turn ``rounds`` times each (holding it
     ``hold`` s) through an engine on ``url`` (``options``: the engine's keyword options),
     while two bystanders wait on another lock; return the handoff latencies (release to the
@@ -42,7 +42,7 @@ def handoffs(url: str, admin: redis.Redis, workers: int = 3, rounds: int = 4, ho
         stats, commands = admin.info("stats"), admin.info("commandstats")
         return int(stats["total_connections_received"]), int(commands.get("cmdstat_evalsha", {}).get("calls", 0))
 
-    engine = ylock.engine_from_url(url, **options)
+    engine = ylock.engine_from_url(url, **(options or {}))
     name = uuid.uuid4().hex[:8]
     other = ylock.Lock(engine, "bench", "other" + name)
     other.lock()

@@ -450,9 +450,8 @@ def contended_run(lib: str, redis_url: str, zk_hosts: str, procs: int, duration:
     name = uuid.uuid4().hex[:10]
     before = client.info("commandstats")
     zk_before = _zk_received(zk_port) if zk_port else 0
-    start_at = time.time() + 1.5 + procs * 0.15
     with ProcessPoolExecutor(procs, mp_context=spawn) as pool:
-        futures = [pool.submit(contended.worker, lib, redis_url, zk_hosts, name, start_at, duration, 200_000)
+        futures = [pool.submit(contended.worker, lib, redis_url, zk_hosts, name, 0.0, duration, 200_000, procs)
                    for _ in range(procs)]
         logs = [f.result(timeout=300) for f in futures]
     counter = int(client.get(f"counter:{name}") or 0)
