@@ -267,6 +267,22 @@ class Bench:
         zk.stop()
         self.results["contended"] = out
 
+    # -- the cost of the guarantees, and issue 29's ratios --------------------------------------
+
+    def guarantees(self) -> None:
+        """Every section of :mod:`bench.guarantees` (its own servers, pinned; see there)."""
+        from bench import guarantees
+
+        bench = guarantees.Guarantees(self.quick, self.runs)
+        try:
+            for section in guarantees.SECTIONS.split(","):
+                began = time.perf_counter()
+                getattr(bench, section)()
+                print(f"bench: guarantees.{section} done in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+        finally:
+            bench.close()
+        self.results["guarantees"] = bench.results
+
     # -- readers behind a writer ---------------------------------------------------------------------
 
     def readers(self) -> None:
@@ -522,7 +538,13 @@ def markdown(r: dict[str, Any]) -> str:
              + (" (--quick)" if r["quick"] else "") + ".", ""]
     if "uncontended" in r:
         lines += _uncontended_md(r, f)
-    return "\n".join(lines + _rest_md(r, f))
+    lines += _rest_md(r, f)
+    if "guarantees" in r:
+        from bench import guarantees
+
+        lines += ["### Ratios the issue-29 way, and the cost of the guarantees (`python -m bench.guarantees`)", "",
+                  guarantees.markdown(r["guarantees"])]
+    return "\n".join(lines)
 
 
 def _uncontended_md(r: dict[str, Any], f: Callable[..., str]) -> list[str]:
@@ -673,7 +695,8 @@ def run_bench(bench: Any, sections: str, args: argparse.Namespace, stem: str,
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = bench_parser("bench", __doc__, "latest", "uncontended,contended,readers,many_holds,metrics_overhead")
+    parser = bench_parser("bench", __doc__, "latest",
+                          "uncontended,contended,readers,many_holds,metrics_overhead,guarantees")
     parser.add_argument("--libs", default=None, help="comma-separated libraries for the contended section")
     args = parser.parse_args(argv)
     bench = Bench(args.quick, runs_of(args), args.libs.split(",") if args.libs else None,
