@@ -295,7 +295,18 @@ class Guarantees:
         self.results["wait_replicas"] = out
 
     def _deployment_ratio(self, url: str, clients: list[redis.Redis], n: str) -> dict[str, Any]:
-        plain, waiting = peers.ylock_engine(url), peers.ylock_engine(_with(url, "wait_replicas=1"))
+        # Every master's replica is linked before the figures start (a replica still
+        # syncing would fail the first WAITs); a longer WAIT and socket timeout than
+        # the defaults on both sides, so that a loaded machine slows the figures, not fails them.
+        deadline = time.monotonic() + 60
+        for client in clients:
+            # WAIT on a connection that wrote nothing counts the replicas linked now
+            while client.info("replication")["role"] == "master" and int(client.execute_command("WAIT", 1, 200)) < 1:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no replica of {client} linked within 60 s")
+        options = "socket_timeout=5&wait_timeout=2"
+        plain = peers.ylock_engine(_with(url, options))
+        waiting = peers.ylock_engine(_with(url, options + "&wait_replicas=1"))
         try:
             # the servers' CPU: all of them (the replicas' share is what WAIT costs them)
             return self._ratio(pair_op(peers.ylock_pair(plain, f"p{n}")), pair_op(peers.ylock_pair(waiting, f"p{n}")),
