@@ -23,7 +23,7 @@ def test_guarantees_quick_smoke(tmp_path):
     from bench.guarantees import main
 
     affinity = os.sched_getaffinity(0)
-    results = main(["--quick", "--seconds", "0.01", "--duration", "0.5", "--hold", "0.5", "--out", str(tmp_path),
+    results = main(["--quick", "--seconds", "0.005", "--duration", "0.3", "--hold", "0.3", "--out", str(tmp_path),
                     "--only", "ratios,floor,tokens,zk_suspended,acl,tls"])
     assert os.sched_getaffinity(0) == affinity                     # the pinning is undone
     assert "CPU" in results["placement"] or "not pinned" in results["placement"]
