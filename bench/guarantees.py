@@ -41,9 +41,20 @@ import redis
 
 import ylock
 from bench import peers, restricted_acl
-from bench.run import bench_parser, contended_run, machine, pair_op, paired_ratio, run_bench, runs_of, server_cpu, stats
+from bench.run import (
+    _zk_received,
+    bench_parser,
+    contended_run,
+    machine,
+    pair_op,
+    paired_ratio,
+    run_bench,
+    runs_of,
+    server_cpu,
+    stats,
+)
 from ylock.testing.redis import RedisCluster, RedisSentinel, RedisServer, make_tls_files
-from ylock.testing.zookeeper import ZooKeeperServer, four_letter
+from ylock.testing.zookeeper import ZooKeeperServer
 
 SECTIONS = "ratios,floor,tokens,wait_replicas,zk_suspended,acl,tls"
 
@@ -227,7 +238,7 @@ class Guarantees:
     def floor(self) -> None:
         procs = 4
         libs = ("fair-handoff floor (ticket lock)", "ylock redis (notify)")
-        rounds = 1 if self.quick else 3
+        rounds = 1 if self.quick else 2
         runs: dict[str, list[dict[str, Any]]] = {lib: [] for lib in libs}
         ratios = []
         for _ in range(rounds):                           # floor, ylock, ylock, floor
@@ -386,7 +397,7 @@ class Guarantees:
         labels = list(urls)
         pooled: dict[str, dict[str, Any]] = {k: {"latencies": [], "connections": 0, "evalsha": 0, "cpu_s": 0.0,
                                                  "holder_lost": 0} for k in labels}
-        rounds = 3 if self.quick else 10
+        rounds = 3 if self.quick else 6
         for r in range(rounds):
             for label in labels if r % 2 == 0 else labels[::-1]:
                 got = restricted_acl.handoffs(urls[label], admin or self.client, 3, 4 if self.quick else 10,
@@ -404,13 +415,6 @@ class Guarantees:
                         "bystander_lock_lost": p["holder_lost"]}
                 for label, p in pooled.items()}
         return {"rounds": rounds, "rows": rows}
-
-
-def _zk_received(port: int) -> int:
-    for line in four_letter(port, "srvr").splitlines():
-        if line.startswith("Received:"):
-            return int(line.split(":")[1])
-    return 0
 
 
 def markdown(r: dict[str, Any]) -> str:
