@@ -2,7 +2,9 @@
 the round-trip floor, on a redis-server and a ZooKeeper that it starts itself on free
 loopback ports. Every ratio compares numbers measured in the same run; each number is
 the median of ``--runs`` runs (5), with min and max. Writes ``results/latest.json``,
-``results/latest.md`` and ``results/latest.png``.
+``results/latest.md`` and ``results/latest.png``. The last section, ``guarantees``, is
+:mod:`bench.guarantees` (issue 29's A, B, B, A ratios with CPU per pair, pinned; the cost
+of each guarantee beside the plain path) on servers of its own.
 """
 from __future__ import annotations
 
