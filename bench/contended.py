@@ -19,6 +19,8 @@ def _pair(lib: str, redis_url: str, zk_hosts: str, name: str) -> tuple[Any, Any,
         return (*peers.ylock_pair(peers.ylock_engine(redis_url + "?notify=false"), name), None)
     if lib == "ylock zookeeper":
         return (*peers.ylock_pair(peers.ylock_engine(f"zookeeper://{zk_hosts}/bench"), name), None)
+    if lib == "fair-handoff floor (ticket lock)":
+        return (*peers.ticket_lock(client, name), None)
     if lib == "hand-written SET NX":
         return (*peers.hand_written(client, name), None)
     if lib == "redis-py Lock":
@@ -44,12 +46,29 @@ def _pair(lib: str, redis_url: str, zk_hosts: str, name: str) -> tuple[Any, Any,
 
 
 def worker(lib: str, redis_url: str, zk_hosts: str, name: str, start_at: float, duration: float,
-           max_ops: int) -> list[tuple[int, int, int]]:
-    """Run in a spawned process; return (asked, got, released) ns timestamps per acquisition."""
-    acquire, release, keep = _pair(lib, redis_url, zk_hosts, name)
+           max_ops: int, procs: int = 0) -> list[tuple[int, int, int]]:
+    """Run in a spawned process; return (asked, got, released) ns timestamps per acquisition.
+    With ``procs``, start when all ``procs`` workers are ready (the last one to get ready
+    releases the others, through Redis: on a loaded machine a spawned process can take
+    longer to start than any fixed lead time), else at ``start_at``."""
     counter = redis.Redis.from_url(redis_url)
+    try:
+        acquire, release, keep = _pair(lib, redis_url, zk_hosts, name)
+    except BaseException:
+        if procs:       # let the others go rather than wait for a worker that will never come
+            counter.rpush(f"go:{name}", *["go"] * procs)
+        raise
     key = f"counter:{name}"
     log: list[tuple[int, int, int]] = []
+    if procs:
+        if counter.incr(f"ready:{name}") == procs:
+            counter.rpush(f"go:{name}", *["go"] * procs)
+        # its own client: redis-py's default 5 s socket timeout would cut a long BLPOP short
+        # (16 processes spawning on a loaded machine take longer than that)
+        with redis.Redis.from_url(redis_url, socket_timeout=330) as barrier:
+            if barrier.blpop([f"go:{name}"], 300) is None:
+                raise TimeoutError(f"not all {procs} workers were ready within 300 s")
+        start_at = time.time()
     while time.time() < start_at:
         time.sleep(0.001)
     end = start_at + duration

@@ -79,3 +79,36 @@ def tooz_coordinator(url: str) -> Any:
     coordinator = coordination.get_coordinator(url, uuid.uuid4().hex.encode())
     coordinator.start()
     return coordinator
+
+
+#: The fair-handoff floor's scripts (a ticket lock): the fewest Redis commands a FIFO handoff
+#: needs. KEYS: the ticket counter, the count of releases served. A ticket is granted when
+#: it is the one after the releases served; a waiter blocks on its ticket's own list, and the
+#: release pushes to the next ticket's list only when that ticket has been drawn (so no list
+#: is left behind). No liveness at all (a holder that dies blocks the queue for ever): a floor
+#: to measure against, not a lock to use.
+TICKET_ACQUIRE = """
+local t = redis.call('INCR', KEYS[1])
+if t == tonumber(redis.call('GET', KEYS[2]) or '0') + 1 then return 0 end
+return t
+"""
+TICKET_RELEASE = """
+local nxt = redis.call('INCR', KEYS[2]) + 1
+if tonumber(redis.call('GET', KEYS[1]) or '0') >= nxt then redis.call('LPUSH', ARGV[1] .. nxt, 1) end
+return nxt
+"""
+
+
+def ticket_lock(client: redis.Redis, name: str) -> Pair:
+    """The fair-handoff floor: a ticket lock (INCR a ticket; wait with BLPOP on the ticket's
+    list; the release advances the count served and LPUSHes the next ticket's list)."""
+    acquire_script, release_script = client.register_script(TICKET_ACQUIRE), client.register_script(TICKET_RELEASE)
+    keys = [f"ticket:{{{name}}}:t", f"ticket:{{{name}}}:s"]
+    wake = f"ticket:{{{name}}}:l:"
+
+    def acquire() -> None:
+        ticket = acquire_script(keys=keys)
+        if ticket and client.blpop([f"{wake}{ticket}"], 60) is None:
+            raise TimeoutError(f"ticket {ticket} of {name!r} not served within 60 s")
+
+    return acquire, lambda: release_script(keys=keys, args=[wake])

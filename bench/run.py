@@ -2,7 +2,9 @@
 the round-trip floor, on a redis-server and a ZooKeeper that it starts itself on free
 loopback ports. Every ratio compares numbers measured in the same run; each number is
 the median of ``--runs`` runs (5), with min and max. Writes ``results/latest.json``,
-``results/latest.md`` and ``results/latest.png``.
+``results/latest.md`` and ``results/latest.png``. The last section, ``guarantees``, is
+:mod:`bench.guarantees` (issue 29's A, B, B, A ratios with CPU per pair, pinned; the cost
+of each guarantee beside the plain path) on servers of its own.
 """
 from __future__ import annotations
 
@@ -59,38 +61,55 @@ def server_cpu(client: redis.Redis) -> float:
     return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
 
 
-def measure(func: Callable[[], Any], seconds: float, server: redis.Redis | None = None) -> dict[str, float]:
+def measure(func: Callable[[], Any], seconds: float, server: redis.Redis | Callable[[], float] | None = None,
+            per_call: int = 1) -> dict[str, float]:
     """Call ``func`` for about ``seconds``; return calls per second of wall time (``rate``),
-    microseconds of this thread's CPU per call (``cpu_us``) and, with ``server``, of the
-    Redis server's main thread per call (``server_us``). When other processes share the
-    machine the CPU figures move less than the wall rate, but they move too (on a VM a busy
-    host costs cache and cycles): compare them within one run."""
+    microseconds of this thread's CPU per call (``cpu_us``), of this process's (all its
+    threads: a library's background threads count too, ``process_cpu_us``) and, with
+    ``server`` (a Redis client, or a function that returns the server's CPU seconds so
+    far), of the server per call (``server_us``). ``per_call``: how many operations one
+    call of ``func`` does (an asyncio batch): the figures are per operation. When other
+    processes share the machine the CPU figures move less than the wall rate, but they move
+    too (on a VM a busy host costs cache and cycles): compare them within one run."""
+    server_seconds = (lambda: server_cpu(server)) if isinstance(server, redis.Redis) else server
     func()
-    before = server_cpu(server) if server is not None else 0.0
-    ops, began, cpu = 0, time.perf_counter(), time.thread_time()
+    before = server_seconds() if server_seconds is not None else 0.0
+    ops, began, cpu, pcpu = 0, time.perf_counter(), time.thread_time(), time.process_time()
     deadline = began + seconds
+    batch = max(1, 10 // per_call)       # a slow side (an asyncio batch, ZooKeeper) stops in time
     while ops < 1_000_000:
-        for _ in range(50):
+        for _ in range(batch):
             func()
-        ops += 50
+        ops += batch
         if time.perf_counter() >= deadline:
             break
-    wall, cpu = time.perf_counter() - began, time.thread_time() - cpu
-    out = {"rate": ops / wall, "cpu_us": cpu / ops * 1e6}
-    if server is not None:
-        out["server_us"] = (server_cpu(server) - before) / ops * 1e6
+    wall, cpu, pcpu = time.perf_counter() - began, time.thread_time() - cpu, time.process_time() - pcpu
+    ops *= per_call
+    out = {"rate": ops / wall, "cpu_us": cpu / ops * 1e6, "process_cpu_us": pcpu / ops * 1e6}
+    if server_seconds is not None:
+        out["server_us"] = (server_seconds() - before) / ops * 1e6
     return out
 
 
-def paired_ratio(a: Callable[[], Any], b: Callable[[], Any], rounds: int, seconds: float) -> dict[str, float]:
+def paired_ratio(a: Callable[[], Any], b: Callable[[], Any], rounds: int, seconds: float,
+                 server: redis.Redis | Callable[[], float] | None = None, per_call: int = 1) -> dict[str, Any]:
     """Return ``b``'s rate over ``a``'s: the median, min and max over ``rounds`` rounds, each
     timed a, b, b, a back to back, so that a drift of the machine's speed within a round
-    cancels out (on a busy machine, far steadier than a ratio of two medians)."""
+    cancels out (on a busy machine, far steadier than a ratio of two medians). Under ``a``
+    and ``b``: each side's medians over the rounds of :func:`measure`'s figures (rate, client
+    CPU µs per operation, and with ``server`` the server's)."""
     ratios = []
+    sides: dict[str, list[dict[str, float]]] = {"a": [], "b": []}
     for _ in range(rounds):
-        a1, b1, b2, a2 = rate(a, seconds), rate(b, seconds), rate(b, seconds), rate(a, seconds)
-        ratios.append((b1 + b2) / (a1 + a2))
-    return stats(ratios)
+        a1, b1, b2, a2 = (measure(f, seconds, server, per_call) for f in (a, b, b, a))
+        ratios.append((b1["rate"] + b2["rate"]) / (a1["rate"] + a2["rate"]))
+        sides["a"] += [a1, a2]
+        sides["b"] += [b1, b2]
+    out: dict[str, Any] = stats(ratios)
+    out["rounds"] = rounds
+    for side, samples in sides.items():
+        out[side] = {key: statistics.median(s[key] for s in samples) for key in samples[0]}
+    return out
 
 
 def pair_op(pair: tuple[Callable[[], Any], Callable[[], Any]]) -> Callable[[], None]:
@@ -240,23 +259,8 @@ class Bench:
                 for _ in range(1 if self.quick else 3):
                     zk_floor = rate(lambda: zk.exists("/"), 0.3)
                     redis_floor = rate(trivial, 0.3)
-                    name = uuid.uuid4().hex[:10]
-                    before = self.client.info("commandstats")
-                    zk_before = _zk_received(self.zk.node.port)
-                    start_at = time.time() + 1.5 + procs * 0.15
-                    with ProcessPoolExecutor(procs, mp_context=spawn) as pool:
-                        futures = [pool.submit(contended.worker, lib, self.redis.url, self.zk.hosts, name, start_at,
-                                               duration, 200_000) for _ in range(procs)]
-                        logs = [f.result(timeout=300) for f in futures]
-                    counter = int(self.client.get(f"counter:{name}") or 0)
-                    row = contended.analyse(logs, counter)
-                    after = self.client.info("commandstats")
-                    calls = sum(after[k]["calls"] - before.get(k, {"calls": 0})["calls"] for k in after
-                                if not k.startswith(("cmdstat_info", "cmdstat_config")))
-                    # minus the counter's own GET and SET
-                    row["redis_cmds_per_acq"] = calls / max(1, row["acquisitions"]) - 2
-                    zk_requests = _zk_received(self.zk.node.port) - zk_before
-                    row["zk_requests_per_acq"] = zk_requests / max(1, row["acquisitions"])
+                    row = contended_run(lib, self.redis.url, self.zk.hosts, procs, duration, self.client,
+                                        self.zk.node.port)
                     floor = zk_floor if "zookeeper" in lib or "kazoo" in lib else redis_floor
                     row["round_trip_ms"] = 1000 / floor
                     row["gap_p50_round_trips"] = None if row["gap_p50_ms"] is None else row["gap_p50_ms"] * floor / 1000
@@ -264,6 +268,22 @@ class Bench:
                 out[f"{procs} processes: {lib}"] = _median_rows(runs)
         zk.stop()
         self.results["contended"] = out
+
+    # -- the cost of the guarantees, and issue 29's ratios --------------------------------------
+
+    def guarantees(self) -> None:
+        """Every section of :mod:`bench.guarantees` (its own servers, pinned; see there)."""
+        from bench import guarantees
+
+        bench = guarantees.Guarantees(self.quick, self.runs)
+        try:
+            for section in guarantees.SECTIONS.split(","):
+                began = time.perf_counter()
+                getattr(bench, section)()
+                print(f"bench: guarantees.{section} done in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+        finally:
+            bench.close()
+        self.results["guarantees"] = bench.results
 
     # -- readers behind a writer ---------------------------------------------------------------------
 
@@ -439,6 +459,31 @@ def _readers_behind_writer(lib: str, engine: Any, zk_engine: Any, zk: Any, n: in
     return {"release": (returned - released) * 1000, "all_in": all_in}
 
 
+def contended_run(lib: str, redis_url: str, zk_hosts: str, procs: int, duration: float, client: redis.Redis,
+                  zk_port: int | None = None) -> dict[str, Any]:
+    """Run ``procs`` processes of :func:`bench.contended.worker` on one lock of ``lib`` for
+    ``duration`` seconds; return :func:`bench.contended.analyse`'s row with the Redis commands
+    (INFO commandstats, minus the counter's GET and SET) and, with ``zk_port``, the ZooKeeper
+    requests per acquisition. The processes inherit this one's CPU affinity."""
+    name = uuid.uuid4().hex[:10]
+    before = client.info("commandstats")
+    zk_before = _zk_received(zk_port) if zk_port else 0
+    with ProcessPoolExecutor(procs, mp_context=spawn) as pool:
+        futures = [pool.submit(contended.worker, lib, redis_url, zk_hosts, name, 0.0, duration, 200_000, procs)
+                   for _ in range(procs)]
+        logs = [f.result(timeout=300) for f in futures]
+    counter = int(client.get(f"counter:{name}") or 0)
+    row = contended.analyse(logs, counter)
+    after = client.info("commandstats")
+    calls = sum(after[k]["calls"] - before.get(k, {"calls": 0})["calls"] for k in after
+                if not k.startswith(("cmdstat_info", "cmdstat_config")))
+    # minus the counter's own GET and SET
+    row["redis_cmds_per_acq"] = calls / max(1, row["acquisitions"]) - 2
+    if zk_port:
+        row["zk_requests_per_acq"] = (_zk_received(zk_port) - zk_before) / max(1, row["acquisitions"])
+    return row
+
+
 def _zk_received(port: int) -> int:
     for line in four_letter(port, "srvr").splitlines():
         if line.startswith("Received:"):
@@ -495,7 +540,13 @@ def markdown(r: dict[str, Any]) -> str:
              + (" (--quick)" if r["quick"] else "") + ".", ""]
     if "uncontended" in r:
         lines += _uncontended_md(r, f)
-    return "\n".join(lines + _rest_md(r, f))
+    lines += _rest_md(r, f)
+    if "guarantees" in r:
+        from bench import guarantees
+
+        lines += ["### Ratios the issue-29 way, and the cost of the guarantees (`python -m bench.guarantees`)", "",
+                  guarantees.markdown(r["guarantees"])]
+    return "\n".join(lines)
 
 
 def _uncontended_md(r: dict[str, Any], f: Callable[..., str]) -> list[str]:
@@ -646,7 +697,8 @@ def run_bench(bench: Any, sections: str, args: argparse.Namespace, stem: str,
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = bench_parser("bench", __doc__, "latest", "uncontended,contended,readers,many_holds,metrics_overhead")
+    parser = bench_parser("bench", __doc__, "latest",
+                          "uncontended,contended,readers,many_holds,metrics_overhead,guarantees")
     parser.add_argument("--libs", default=None, help="comma-separated libraries for the contended section")
     args = parser.parse_args(argv)
     bench = Bench(args.quick, runs_of(args), args.libs.split(",") if args.libs else None,

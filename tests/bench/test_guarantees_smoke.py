@@ -1,0 +1,49 @@
+"""``python -m bench.guarantees`` runs end to end with tiny counts (not a timing test: it
+checks the shape of the results, that every ratio is a finite positive number with CPU per
+pair on both sides, that the no-lock control loses updates while ylock and the fair-handoff
+floor lose none, and that the pinning is recorded)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _finite_ratio(row: dict) -> None:
+    assert math.isfinite(row["median"]) and 0 < row["min"] <= row["median"] <= row["max"], row
+    for side in ("a", "b"):
+        assert row[side]["rate"] > 0 and row[side]["cpu_us"] > 0 and row[side]["server_us"] >= 0, row
+
+
+def test_guarantees_quick_smoke(tmp_path):
+    from bench.guarantees import main
+
+    affinity = os.sched_getaffinity(0)
+    results = main(["--quick", "--seconds", "0.005", "--duration", "0.3", "--hold", "0.3", "--out", str(tmp_path),
+                    "--only", "ratios,floor,tokens,zk_suspended,acl,tls"])
+    assert os.sched_getaffinity(0) == affinity                     # the pinning is undone
+    assert "CPU" in results["placement"] or "not pinned" in results["placement"]
+    assert set(results["ratios"]) == {"ylock fair write pair / sherlock", "ylock fair write pair / redis-py Lock",
+                                      "asyncio alock/aunlock / redis.asyncio Lock",
+                                      "ylock ZooKeeper write pair / kazoo WriteLock"}
+    for row in [*results["ratios"].values(), *results["tokens"].values()]:
+        assert row["rounds"] >= 10
+        _finite_ratio(row)
+    _finite_ratio(results["zk_suspended"]["pair: suspended=guard / wait"])
+    rows = results["floor"]["rows"]
+    assert rows["fair-handoff floor (ticket lock)"]["lost_updates"] == 0
+    assert rows["ylock redis (notify)"]["lost_updates"] == 0
+    assert rows["no lock (control)"]["lost_updates"] > 0
+    # the ticket lock: 3 commands to take a free lock, 4 to release, 1 BLPOP when it waits
+    assert 6 <= rows["fair-handoff floor (ticket lock)"]["redis_cmds_per_acq"] <= 9
+    assert math.isfinite(results["floor"]["ylock / floor"]["median"])
+    for section in ("acl", "tls"):
+        assert all(row["handoffs"] > 0 and row["p50_ms"] > 0 for row in results[section]["rows"].values())
+    assert math.isfinite(results["tls"]["p50 TLS / plaintext"])
+    saved = json.loads((tmp_path / "guarantees.json").read_text())
+    assert saved["ratios"].keys() == results["ratios"].keys()
+    assert (tmp_path / "guarantees.md").read_text().count("|") > 50
