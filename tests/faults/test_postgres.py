@@ -53,10 +53,9 @@ def start_holder(url: str, group: str, lease: float, register: str) -> tuple[mul
     return proc, parent, token
 
 
-def test_a_killed_holder_frees_the_lock_at_once(postgres_server, group, tmp_path, figures):
-    proc, pipe, _ = start_holder(postgres_server.url, group, 30.0, str(tmp_path / "r.json"))  # keep the pipe:
-    engine = ylock.engine_from_url(postgres_server.url)                                      # it exits without it
-
+def freed_after_sigkill(engine: ylock.Engine, group: str, pid: int) -> float:
+    """Queue a waiter for ``group``/n (held by process ``pid``), SIGKILL that process, and
+    return the seconds from the kill to the waiter's acquisition."""
     def wait() -> float:
         waiter = ylock.Lock(engine, group, "n")
         waiter.lock(timeout=10)
@@ -66,9 +65,15 @@ def test_a_killed_holder_frees_the_lock_at_once(postgres_server, group, tmp_path
     runner = Runner(wait)
     runner.start()
     wait_until(lambda: len(waiters(engine, group, "n")) == 1, what="a queued waiter")
-    os.kill(proc.pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     killed = time.monotonic()
-    freed = runner.outcome() - killed
+    return runner.outcome() - killed  # type: ignore[no-any-return]
+
+
+def test_a_killed_holder_frees_the_lock_at_once(postgres_server, group, tmp_path, figures):
+    proc, pipe, _ = start_holder(postgres_server.url, group, 30.0, str(tmp_path / "r.json"))  # keep the pipe:
+    engine = ylock.engine_from_url(postgres_server.url)                                      # it exits without it
+    freed = freed_after_sigkill(engine, group, proc.pid)
     engine.close()
     proc.join(5)
     pipe.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from typing import Any
 
 import psycopg
@@ -17,8 +16,8 @@ import pytest
 
 import ylock
 from tests.conftest import POOLED_ROLE
-from tests.faults.test_postgres import run_counter, start_holder
-from tests.helpers import Runner, wait_until, waiters
+from tests.faults.test_postgres import freed_after_sigkill, run_counter, start_holder
+from tests.helpers import wait_until
 from tests.postgres.conftest import STATE, STATE_NAMES, pooled_backends
 from ylock.testing.fencing import UnfencedCounter
 
@@ -160,18 +159,7 @@ def test_a_killed_holder_behind_a_session_pooler(request, make_engine, observer,
     proc, pipe, _ = start_holder(url, group, 30.0, str(tmp_path / "r.json"))
     engine = make_engine(url)
     if reset == "default":
-        def wait() -> float:
-            waiter = ylock.Lock(engine, group, "n")
-            waiter.lock(timeout=10)
-            got = time.monotonic()
-            waiter.unlock()
-            return got
-        runner = Runner(wait)
-        runner.start()
-        wait_until(lambda: len(waiters(engine, group, "n")) == 1, what="a queued waiter")
-        os.kill(proc.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        freed = runner.outcome() - killed
+        freed = freed_after_sigkill(engine, group, proc.pid)
         figure(f"holder SIGKILLed behind PgBouncer session mode (DISCARD ALL): lock free after "
                f"{freed * 1000:.1f} ms")
         assert freed < 0.5
