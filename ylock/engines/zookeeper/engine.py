@@ -216,6 +216,10 @@ class ZooKeeperEngine(Engine):
                     if claim.node is None and not claim.unsure:
                         created, children = yield Send([Request(CREATE, f"{lockpath}/{claim.prefix}", data),
                                                         Request(CHILDREN, lockpath, claim.on_watch)], left)
+                        if isinstance(created, NoNodeError):
+                            # kazoo made the parent, then the reaper took it (idle a moment
+                            # before this create reached it): make it and create again.
+                            continue
                         if isinstance(created, Exception):
                             raise created
                         node, stat = created
