@@ -40,7 +40,7 @@ from ylock.errors import (
 )
 from ylock.holds import HOLDS, LOCK, PERMIT, SEMAPHORE, Hold
 from ylock.names import check_group, check_name
-from ylock.owner import current_owner, describe_holder
+from ylock.owner import _doing, current_owner, describe_holder
 from ylock.owner import process_id as owner_process
 from ylock.waiting import DEFAULT_POLLING, Polling
 from ylock.watchdog import WATCHDOG
@@ -141,7 +141,9 @@ class _Holding:
                  context: Mapping[str, Any] | None = None) -> AcquireRequest:
         # tuple.__new__ straight from C: a NamedTuple's own __new__ is a Python call per acquisition.
         return _new_request(AcquireRequest, (self.group, self.name, owner, mode, self.fair, self.lease, deadline,
-                                             self.polling, self.permits, describe_holder(context)))
+                                             self.polling, self.permits,
+                                             # describe_holder's own first test, without the call
+                                             describe_holder(context) if context or _doing.get() else ""))
 
     def _reenter(self, hold: Hold, mode: str) -> bool:
         """Count a re-entry of this owner's hold without a round trip; return False when the
