@@ -310,11 +310,14 @@ class _Holding:
         if hold is None:
             return
         started = time.monotonic()
-        still_held: bool | None = None
         try:
             still_held = self.engine.release(self.group, self.name, owner, mode)
-        finally:
-            self._released(hold, mode, started, still_held)
+        except BaseException:
+            self._released(hold, mode, started, None)
+            raise
+        if still_held and not hold.lost and not events._subscribers and not events._watchers:
+            return     # all that _released would do: nothing to publish, lose, tell or raise
+        self._released(hold, mode, started, still_held)
 
     async def _arelease(self, mode: str) -> None:
         owner = current_owner()
