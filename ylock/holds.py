@@ -64,6 +64,9 @@ class RenewItem(NamedTuple):
     lease: float
 
 
+_new_item = tuple.__new__
+
+
 class Renewal:
     """One mode of a hold, as the watchdog renews it."""
 
@@ -159,8 +162,11 @@ class HoldTable:
                 self.by_key[hold.key] = hold
             return False
         now = time.monotonic()
-        due = now + min(first_renewal, hold.lease / 3)
-        renewal = Renewal(RenewItem(hold.group, hold.name, hold.owner, mode, hold.lease), due, now)
+        third = hold.lease / 3
+        due = now + (first_renewal if first_renewal < third else third)
+        # tuple.__new__ straight from C (a NamedTuple's own __new__ is a Python call): this
+        # runs on every first acquisition.
+        renewal = Renewal(_new_item(RenewItem, (hold.group, hold.name, hold.owner, mode, hold.lease)), due, now)
         with self._mutex:
             self.by_key[hold.key] = hold
             hold.renewals[mode] = renewal

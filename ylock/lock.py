@@ -40,7 +40,7 @@ from ylock.errors import (
 )
 from ylock.holds import HOLDS, LOCK, PERMIT, SEMAPHORE, Hold
 from ylock.names import check_group, check_name
-from ylock.owner import current_owner, describe_holder
+from ylock.owner import _doing, current_owner, describe_holder
 from ylock.owner import process_id as owner_process
 from ylock.waiting import DEFAULT_POLLING, Polling
 from ylock.watchdog import WATCHDOG
@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 #: Sentinel: "use the lock's default timeout".
 DEFAULT: Any = object()
 
+_new_request = tuple.__new__
 _holds = HOLDS.by_key      # read without a lock on the re-entry path (see ylock.holds)
 
 
@@ -138,8 +139,11 @@ class _Holding:
 
     def _request(self, mode: str, owner: str, deadline: float | None,
                  context: Mapping[str, Any] | None = None) -> AcquireRequest:
-        return AcquireRequest(self.group, self.name, owner, mode, self.fair, self.lease, deadline, self.polling,
-                              self.permits, describe_holder(context))
+        # tuple.__new__ straight from C: a NamedTuple's own __new__ is a Python call per acquisition.
+        return _new_request(AcquireRequest, (self.group, self.name, owner, mode, self.fair, self.lease, deadline,
+                                             self.polling, self.permits,
+                                             # describe_holder's own first test, without the call
+                                             describe_holder(context) if context or _doing.get() else ""))
 
     def _reenter(self, hold: Hold, mode: str) -> bool:
         """Count a re-entry of this owner's hold without a round trip; return False when the
@@ -170,10 +174,11 @@ class _Holding:
     def _taken(self, mode: str, owner: str, token: int | None, started: float, timeout: float | None,
                raise_on_timeout: bool, watched: events.Acquisition | None = None) -> bool:
         """Record the engine's answer to a first acquisition (token, or None at the deadline)."""
-        waited = time.monotonic() - started
+        # Events are built only for subscribers (a module attribute read, no call otherwise).
         if token is None:
-            events.publish(events.TIMED_OUT, self.group, self.name, self.engine.scheme, mode,
-                           owner=owner, wait=waited)
+            if events._subscribers:
+                events.publish(events.TIMED_OUT, self.group, self.name, self.engine.scheme, mode,
+                               owner=owner, wait=time.monotonic() - started)
             if raise_on_timeout:
                 raise LockTimeout(f"could not acquire {self._what(mode)} within {timeout} s",
                                   group=self.group, name=self.name)
@@ -183,15 +188,18 @@ class _Holding:
             hold.writes = 1
         else:
             hold.reads = 1
-        if HOLDS.add(hold, mode, self.polling.waiter_lease / 3):
+        # The watchdog's thread is started once: looked at here before calling ensure_running
+        # (its check_fork ran already: current_owner() checks for a fork on every lock call).
+        if HOLDS.add(hold, mode, self.polling.waiter_lease / 3) and WATCHDOG._thread is None:
             WATCHDOG.ensure_running()
         if not sigterm.checked:
             sigterm.install(release_all, EXIT_BUDGET)   # a plain script's `kill PID` gives its holds back
         if watched is not None:
             for watcher in watched.watchers:
                 watcher.held(watched, hold)
-        events.publish(events.ACQUIRED, self.group, self.name, self.engine.scheme, mode,
-                       owner=owner, token=token, wait=waited)
+        if events._subscribers:
+            events.publish(events.ACQUIRED, self.group, self.name, self.engine.scheme, mode,
+                           owner=owner, token=token, wait=time.monotonic() - started)
         return True
 
     def _acquire(self, mode: str, timeout: Any, raise_on_timeout: bool,
@@ -206,7 +214,7 @@ class _Holding:
                 hold, self.engine.acquire(self._request(mode, owner, time.monotonic())))
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
-        watching = _watching()
+        watching = _watching() if events._watchers else ()
         if not watching:
             token = self.engine.acquire(self._request(mode, owner, deadline, context))
             return self._taken(mode, owner, token, started, timeout, raise_on_timeout)
@@ -281,14 +289,16 @@ class _Holding:
 
     def _released(self, hold: Hold, mode: str, started: float, still_held: bool | None) -> None:
         """Publish the release; raise LockLost if the hold had been lost meanwhile."""
-        ended = time.monotonic()
         finished = not hold.writes and not hold.reads
-        events.publish(events.RELEASED, self.group, self.name, self.engine.scheme, mode, owner=hold.owner,
-                       token=hold.token, hold=(ended - hold.started) if finished else None, release=ended - started)
+        if events._subscribers:
+            ended = time.monotonic()
+            events.publish(events.RELEASED, self.group, self.name, self.engine.scheme, mode, owner=hold.owner,
+                           token=hold.token, hold=(ended - hold.started) if finished else None,
+                           release=ended - started)
         if still_held is not None and (hold.lost or not still_held):
             HOLDS.lose(hold, "the server no longer had this hold at release")
-        if finished:
-            for watcher in events.watchers():
+        if finished and events._watchers:
+            for watcher in events._watchers:
                 watcher.released(hold)
         if still_held is not None and hold.lost:
             raise LockLost(f"the lease of {self._what(mode)} was lost before release ({hold.lost_reason}); "
@@ -300,11 +310,14 @@ class _Holding:
         if hold is None:
             return
         started = time.monotonic()
-        still_held: bool | None = None
         try:
             still_held = self.engine.release(self.group, self.name, owner, mode)
-        finally:
-            self._released(hold, mode, started, still_held)
+        except BaseException:
+            self._released(hold, mode, started, None)
+            raise
+        if still_held and not hold.lost and not events._subscribers and not events._watchers:
+            return     # all that _released would do: nothing to publish, lose, tell or raise
+        self._released(hold, mode, started, still_held)
 
     async def _arelease(self, mode: str) -> None:
         owner = current_owner()

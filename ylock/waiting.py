@@ -6,6 +6,7 @@ interval, so polling is only the fallback that bounds the cost of a lost wake-up
 """
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -54,13 +55,15 @@ class Polling:
                 yield interval
             interval = min(self.maximum, interval * self.multiplier)
 
-    @property
+    @functools.cached_property
     def waiter_lease(self) -> float:
         """Seconds a queued waiter stays alive in the queue without polling.
 
         Three missed polls at the longest interval, and never under a second, so a
         slow poll is not mistaken for a dead waiter.
         """
+        # Cached (the strategy is frozen): every first acquisition reads it twice; a cached
+        # value lives in the instance's dict, read without a call.
         return max(1.0, 3.0 * self.maximum)
 
 

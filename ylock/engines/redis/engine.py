@@ -92,6 +92,10 @@ from ylock.owner import check_fork
 logger = logging.getLogger(__name__)
 
 
+#: How many x keys an engine keeps built (see ``RedisEngine._x_keys``).
+X_KEYS = 4096
+
+
 class RedisEngine(Engine):
     """Redis engine (see module docstring)."""
 
@@ -127,6 +131,10 @@ class RedisEngine(Engine):
         self.kind = self.clients.kind
         self.prefix = prefix
         self.keys = Keys(prefix)
+        #: The x keys of the locks in use, by (group, name, mode): every acquire and release
+        #: needs one, and a dict look-up costs a fraction of building it (Keys.x). Emptied
+        #: when it grows past X_KEYS (names made per request must not grow it for ever).
+        self._x_keys: dict[tuple[str, str, str], str] = {}
         self.notify = opt.boolean(notify, f"{where} notify", code=opt.E_ENGINE_URL)
         self.fence_retention_ms = int(retention * 1000)
         self.wait_timeout_ms = int(wait * 1000)
@@ -244,10 +252,19 @@ class RedisEngine(Engine):
 
     # -- ownership ------------------------------------------------------------------------
 
+    def _x(self, group: str, name: str, mode: str) -> str:
+        """``self.keys.x(group, name, mode)``, built once per lock (see :attr:`_x_keys`)."""
+        x_keys = self._x_keys
+        if len(x_keys) >= X_KEYS:
+            x_keys.clear()
+        key = x_keys[group, name, mode] = self.keys.x(group, name, mode)
+        return key
+
     def _request(self, r: AcquireRequest) -> tuple[str, list[Any]]:
         """The acquire script's key and arguments for ``r``'s first try (a semaphore's
         script takes its permit count in the mode's place)."""
-        return (self.keys.x(r.group, r.name, r.mode),
+        mode = r.mode
+        return (self._x_keys.get((r.group, r.name, mode)) or self._x(r.group, r.name, mode),
                 [r.owner, r.permits if r.mode == PERMIT else r.mode,
                  FIRST_TRY[r.fair], int(r.lease * 1000),
                  int(r.polling.waiter_lease * 1000), r.context])
@@ -422,11 +439,14 @@ class RedisEngine(Engine):
                            owner=owner.decode() if isinstance(owner, bytes) else owner)
 
     def release(self, group: str, name: str, owner: str, mode: str) -> bool:
+        # self.keys.x and release_args inlined (the blocking hot path): see _x_keys.
+        key = self._x_keys.get((group, name, mode)) or self._x(group, name, mode)
         try:
-            reply = self._run(RELEASE[mode], self.keys.x(group, name, mode), release_args(owner, mode),
-                              self.socket_timeout)
+            reply = self._run(RELEASE[mode], key, [owner] if mode == PERMIT else [owner, mode], self.socket_timeout)
         except Exception as exc:
             raise self._translate(exc, group, name) from exc
+        if reply.__class__ is int:        # self._released's common case, inlined
+            return bool(reply)
         return self._released(group, name, reply)
 
     def _released(self, group: str, name: str, reply: Any) -> bool:
