@@ -439,14 +439,11 @@ class RedisEngine(Engine):
                            owner=owner.decode() if isinstance(owner, bytes) else owner)
 
     def release(self, group: str, name: str, owner: str, mode: str) -> bool:
-        # self.keys.x and release_args inlined (the blocking hot path): see _x_keys.
-        key = self._x_keys.get((group, name, mode)) or self._x(group, name, mode)
+        key = self._x_keys.get((group, name, mode)) or self._x(group, name, mode)     # see _x_keys
         try:
-            reply = self._run(RELEASE[mode], key, [owner] if mode == PERMIT else [owner, mode], self.socket_timeout)
+            reply = self._run(RELEASE[mode], key, release_args(owner, mode), self.socket_timeout)
         except Exception as exc:
             raise self._translate(exc, group, name) from exc
-        if reply.__class__ is int:        # self._released's common case, inlined
-            return bool(reply)
         return self._released(group, name, reply)
 
     def _released(self, group: str, name: str, reply: Any) -> bool:
