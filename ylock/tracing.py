@@ -35,6 +35,7 @@ up by the next acquisition. See ``bench/`` for the measured cost.
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from contextvars import ContextVar
@@ -42,6 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 from ylock import events
 from ylock.engines.base import LOCK, SEMAPHORE
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ylock.holds import Hold
@@ -159,6 +162,8 @@ class Tracing:
             info = target.engine.describe_lock(target.group, target.name, SEMAPHORE if target.kind == SEMAPHORE
                                                else LOCK)
         except Exception:  # noqa: BLE001 - the links are a nicety; the wait goes on without them
+            logger.debug("the holders of %s/%s were not read; the wait span links to none", target.group,
+                         target.name, exc_info=True)
             return []
         if info is None:
             return []
