@@ -21,6 +21,7 @@ from opentelemetry.trace import StatusCode
 import ylock
 import ylock.tracing
 from tests.helpers import Runner, wait_until
+from ylock import events
 
 
 @pytest.fixture
@@ -124,6 +125,31 @@ def engine_url(request: pytest.FixtureRequest) -> str:
     return request.getfixturevalue(f"{request.param}_server").url  # type: ignore[no-any-return]
 
 
+class _WaitBegins:
+    """A watcher of the lock path that sets ``event`` when an acquisition begins to wait."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def on(self) -> bool:
+        return True
+
+    def start(self, acquisition: events.Acquisition) -> None:
+        pass
+
+    def waiting(self, acquisition: events.Acquisition) -> None:
+        self.event.set()
+
+    def waited(self, acquisition: events.Acquisition, token: int | None, error: BaseException | None) -> None:
+        pass
+
+    def held(self, acquisition: events.Acquisition, hold: object) -> None:
+        pass
+
+    def released(self, hold: object) -> None:
+        pass
+
+
 @pytest.mark.parametrize("case", ["no span", "own span"])
 def test_the_wait_links_to_the_holders_hold_span_in_another_process(spans, engine_url, group, case, caplog) -> None:
     """A holder in another process, with no span of its own (a script, an untraced worker)
@@ -143,8 +169,19 @@ def test_the_wait_links_to_the_holders_hold_span_in_another_process(spans, engin
             with lock.write(timeout=20):      # handed over by the holder's release (fair or not)
                 return dict(engine.describe_lock(group, "n").context[ylock.current_owner()])
 
-        waiter = Runner(wait)
-        waiter.start()
+        # The holder may release once the waiter's wait has begun: tracing has read the
+        # holders by then (it does so in its `waiting` hook, called before this watcher's).
+        # "The waiter queued" alone is not enough: the node of its first try (without
+        # waiting) is seen queued too, and a release right then left the wait, read after
+        # it, nothing to link to (seen on a loaded machine).
+        waiting = threading.Event()
+        began = events.watch(_WaitBegins(waiting))
+        try:
+            waiter = Runner(wait)
+            waiter.start()
+            assert waiting.wait(20), "the waiter never began to wait"
+        finally:
+            events.unwatch(began)
         wait_until(lambda: any(i.waiters for i in engine.describe(group)), what="the waiter queued")
         holder.stdin.write("\n")   # type: ignore[union-attr]
         holder.stdin.flush()   # type: ignore[union-attr]
