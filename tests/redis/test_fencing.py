@@ -48,6 +48,9 @@ def test_a_fence_ahead_of_the_clock_is_respected(redis_server, group):
         assert lock.token == ahead + 1
     with lock:
         assert lock.token == ahead + 2
+    # the fence holds the last token, for the retention period
+    assert int(client.get(f"ylock:{{{group}:ahead}}:f")) == ahead + 2
+    assert client.pttl(f"ylock:{{{group}:ahead}}:f") > 0
     engine.close()
 
 

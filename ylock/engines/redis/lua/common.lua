@@ -26,10 +26,19 @@ local K = {x = KEYS[1], s = base .. ':s', q = base .. ':q', t = base .. ':t', f 
 -- The helpers that the fast paths need (defining a function costs the server a
 -- fraction of a microsecond; the rest are defined after --@functions).
 
-local function clock()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- The server clock in µs, read once per script call: a script runs atomically, so one TIME
+-- serves every stamp and token it makes (a second call would cost a command and tell
+-- nothing new; tokens issued in one call still rise through the fence).
+local TIME_US
+local function now_us()
+  if not TIME_US then
+    local t = redis.call('TIME')
+    TIME_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return TIME_US
 end
+
+local function clock() return math.floor(now_us() / 1000) end
 
 local function fmt(n) return string.format('%.0f', n) end
 
@@ -43,14 +52,17 @@ local function fmt(n) return string.format('%.0f', n) end
 -- and at most one token per µs per lock name is issued (a faster run puts the fence ahead
 -- of the clock by the excess). The fence key only guards against a clock stepping back
 -- and a run above one token per µs, so it lives a short retention from its last token.
+-- The fence is set to the clock's tokens and read in the same command (SET ... GET); only
+-- when it was at or ahead of the clock is it set again, above its old value.
 -- Returns the first of the new tokens.
 local function next_token(count)
   count = count or 1
-  local t = redis.call('TIME')
-  local first = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local fence = tonumber(redis.call('GET', K.f) or false)
-  if fence and fence >= first then first = fence + 1 end
-  redis.call('SET', K.f, fmt(first + count - 1), 'PX', RETENTION)
+  local first = now_us()
+  local fence = tonumber(redis.call('SET', K.f, fmt(first + count - 1), 'PX', RETENTION, 'GET') or false)
+  if fence and fence >= first then
+    first = fence + 1
+    redis.call('SET', K.f, fmt(first + count - 1), 'PX', RETENTION)
+  end
   return first
 end
 

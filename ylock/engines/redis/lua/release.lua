@@ -7,9 +7,13 @@ local o, mode = ARGV[1], ARGV[2]
 local held = 0
 if mode == 'write' then
   local v = redis.call('GET', K.x)
+  -- Whether any reader holds, asked once: it decides both whether our note goes (a writer
+  -- that downgraded still reads) and whether a writer at the head may take over.
+  local readers = redis.call('EXISTS', K.s) == 1
+  local gone = {}                           -- keys to delete, in one DEL at the end
   if v and string.match(v, '^(.*)|%d+$') == o then
     held = 1
-    if not redis.call('ZSCORE', K.s, o) then redis.call('DEL', base .. ':h:' .. o) end   -- unless it still reads
+    if not (readers and redis.call('ZSCORE', K.s, o)) then table.insert(gone, base .. ':h:' .. o) end
   end
   -- Fast handoff: the head of the queue is a live fair writer and no reader holds (a
   -- writer that downgraded still reads): the lock goes to it here, with its waiter
@@ -17,25 +21,28 @@ if mode == 'write' then
   local ours = held == 1 or not v          -- the lock is free once we are done
   local head = ours and redis.call('LPOP', K.q)
   if ours and not head then                 -- nobody waits
-    if held == 1 then redis.call('DEL', K.x) end
+    if held == 1 then table.insert(gone, K.x) end
+    if #gone > 0 then redis.call('DEL', unpack(gone)) end
     return held
   end
   if head then
     local request = redis.call('GET', base .. ':w:' .. head)
     local hmode, hlease, _, hwlease, hfair = parse_meta(request)
-    if hmode == 'write' and hfair and redis.call('EXISTS', K.s) == 0 then
-      local tok = grant_write(head, math.min(hlease, hwlease))   -- replaces ours
-      redis.call('DEL', base .. ':w:' .. head)
+    if hmode == 'write' and hfair and not readers then
+      local ttl = math.min(hlease, hwlease)
+      local tok = grant_write(head, ttl)   -- replaces ours
+      table.insert(gone, base .. ':w:' .. head)
+      redis.call('DEL', unpack(gone))
       notify(head, fmt(tok), hwlease)
       local h = base .. ':h:' .. head
       local hv = redis.call('GET', h)
-      if hv then redis.call('SET', h, fmt(clock()) .. string.sub(hv, (string.find(hv, '|', 1, true))), 'PX',
-                            math.min(hlease, hwlease)) end
+      if hv then redis.call('SET', h, fmt(clock()) .. string.sub(hv, (string.find(hv, '|', 1, true))), 'PX', ttl) end
       return held
     end
     redis.call('LPUSH', K.q, head)          -- back to the head: the general path below decides
   end
-  if held == 1 then redis.call('DEL', K.x) end
+  if held == 1 then table.insert(gone, K.x) end
+  if #gone > 0 then redis.call('DEL', unpack(gone)) end
 end
 
 if mode == 'read' then
