@@ -131,30 +131,33 @@ def check_history(acquisitions: list[Acquisition], *, overlaps_allowed: bool) ->
     tokens = [a.token for a in acquisitions]
     duplicates = len(tokens) - len(set(tokens))
     # A regression: a grant whose token is not above that of an acquisition that ended
-    # before it was granted (real-time order, whatever the clients' scheduling).
-    regressions = 0
-    overlaps = 0
-    highest_ended = 0
+    # before it was asked for (real-time order, whatever the clients' scheduling: a token
+    # issued before another hold ended may reach its client after that end, so the grant's
+    # return is not the time to compare).
+    regressions: list[tuple[Acquisition, Acquisition]] = []
+    overlaps: list[tuple[Acquisition, Acquisition]] = []
     by_end = sorted(acquisitions, key=lambda a: a.ended)
+    highest: Acquisition | None = None
     j = 0
-    for a in acquisitions:
-        while j < len(by_end) and by_end[j].ended < a.granted:
-            highest_ended = max(highest_ended, by_end[j].token)
+    for a in sorted(acquisitions, key=lambda a: a.asked or a.granted):
+        while j < len(by_end) and by_end[j].ended < (a.asked or a.granted):
+            if highest is None or by_end[j].token > highest.token:
+                highest = by_end[j]
             j += 1
-        if a.token <= highest_ended:
-            regressions += 1
+        if highest is not None and a.token <= highest.token:
+            regressions.append((highest, a))
     for i, a in enumerate(acquisitions):
         for b in acquisitions[i + 1:]:
             if b.granted >= a.ended:
                 break
             if not a.lost:
-                overlaps += 1
-    figures = {"acquisitions": len(acquisitions), "duplicates": duplicates, "regressions": regressions,
-               "overlaps": overlaps}
+                overlaps.append((a, b))
+    figures = {"acquisitions": len(acquisitions), "duplicates": duplicates, "regressions": len(regressions),
+               "overlaps": len(overlaps)}
     assert duplicates == 0, f"tokens handed to two acquisitions: {figures}"
-    assert regressions == 0, f"later grants with lower tokens: {figures}"
+    assert not regressions, f"later grants with lower tokens: {figures}: {regressions[:3]}"
     if not overlaps_allowed:
-        assert overlaps == 0, f"overlapping holds, the earlier not told lost: {figures}"
+        assert not overlaps, f"overlapping holds, the earlier not told lost: {figures}: {overlaps[:3]}"
     return figures
 
 
@@ -282,10 +285,11 @@ def _stale_grants(url: str, group: str, count: int) -> list[Acquisition]:
     out = []
     try:
         for _ in range(count):
+            asked = time.time()
             if not lock.try_lock(timeout=0.5):
                 continue
             granted = time.time()
-            out.append(Acquisition("stale", lock.token, granted, time.time(), False))
+            out.append(Acquisition("stale", lock.token, granted, time.time(), False, asked))
             lock.unlock()
     except ylock.EngineUnavailable:
         pass                    # Sentinel demoted it meanwhile
