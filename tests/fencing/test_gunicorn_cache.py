@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.helpers import assert_nothing_held, burst, clean_env, figures, gunicorn, serving
+from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -28,14 +29,17 @@ def serve_and_burst(tmp_path: Path, redis_server, fail_first: bool) -> tuple[lis
     site = tmp_path / "site"
     shutil.copytree(SITE, site)
     count_file = tmp_path / "computed"
+    ready = tmp_path / "ready"
+    ready.mkdir()
     ylock_url = f"{redis_server.url}?prefix=gc{uuid.uuid4().hex[:8]}"
     env = clean_env(CACHE_URL=redis_server.url, CACHE_PREFIX=f"gc{uuid.uuid4().hex[:8]}", YLOCK_URL=ylock_url,
-                    COUNT_FILE=str(count_file), WAITERS=str(WAITERS),
+                    COUNT_FILE=str(count_file), WAITERS=str(WAITERS), READY_DIR=str(ready),
                     PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     if fail_first:
         env["FAIL_FIRST"] = "1"
     argv = gunicorn("wsgi:application", "--workers", "4", "--threads", "16", "--timeout", "120")
     with serving("gunicorn", argv, site, env, tmp_path / "gunicorn.log") as served:
+        wait_until(lambda: len(list(ready.iterdir())) >= 4, timeout=120, what="the 4 workers loaded the site")
         result = burst(f"{served.url}/report", REQUESTS, REQUESTS, method="GET", timeout=120)
     figures(f"cold cache key, gunicorn -w 4, fail_first={fail_first}", result,
             computed=len(count_file.read_text().split()))
