@@ -261,9 +261,14 @@ def test_master_stalled_past_the_failover_then_resumed(sentinel, group, tmp_path
         _grants_during(load, 1.5, "grants after the old master resumed")
     finally:
         acquisitions, _ = load.finish()
-    # The clients' own holds never overlap: each one dropped its parked connections when
-    # its calls to the stalled master failed, and reconnected through the Sentinels.
-    workers = check_history(acquisitions, overlaps_allowed=False)
+    # Tokens stay unique and rising whatever happened. The clients' own holds overlap only
+    # without min-replicas-to-write: a worker drops its parked connections when a call to
+    # the stalled master fails and reconnects through the Sentinels, but one whose call
+    # was still waiting within its socket timeout when the old master resumed is answered
+    # by it, granted, and keeps talking to it until Sentinel demotes it (the split brain
+    # docs/guarantees.md states; seen once in ~45 runs: w0 asked 0.87 s before its grant,
+    # then 137 overlaps). min-replicas-to-write makes the resumed old master refuse.
+    workers = check_history(acquisitions, overlaps_allowed=not min_replicas)
     acquisitions = sorted(acquisitions + stale, key=lambda a: a.granted)
     figures = check_history(acquisitions, overlaps_allowed=True)
     print(f"workers alone: {workers}")
