@@ -56,7 +56,7 @@ class Acquisition:
     granted: float         # time.time() when lock() returned
     ended: float           # when the holder stopped working inside (before its release)
     lost: bool             # told lost (lock.lost, or LockLost at release)
-    asked: float = 0.0     # time.time() when the try_lock() call that granted it began
+    asked: float           # time.time() when the try_lock() call that granted it began
 
 
 def _worker(url: str, group: str, who: str, stop: Any, out: str) -> None:
@@ -139,8 +139,8 @@ def check_history(acquisitions: list[Acquisition], *, overlaps_allowed: bool) ->
     by_end = sorted(acquisitions, key=lambda a: a.ended)
     highest: Acquisition | None = None
     j = 0
-    for a in sorted(acquisitions, key=lambda a: a.asked or a.granted):
-        while j < len(by_end) and by_end[j].ended < (a.asked or a.granted):
+    for a in sorted(acquisitions, key=lambda a: a.asked):
+        while j < len(by_end) and by_end[j].ended < a.asked:
             if highest is None or by_end[j].token > highest.token:
                 highest = by_end[j]
             j += 1

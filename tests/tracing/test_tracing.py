@@ -117,10 +117,8 @@ HOLDER = textwrap.dedent("""
 def engine_url(request: pytest.FixtureRequest) -> str:
     """The URL of a server of each engine that two processes can share."""
     if request.param == "zookeeper":
-        # The default session timeout: kazoo drops a connection that stays quiet for 2/3 of
-        # it; with 4 s, once in ~12 runs on a loaded machine the wait linked to nothing,
-        # probably a dropped connection just as the waiter read the holders (why is logged:
-        # see the caplog below).
+        # The default session timeout (a holder process starting on a loaded machine keeps
+        # its session; nothing here waits for one to expire).
         return request.getfixturevalue("zookeeper_server").url("/contract")  # type: ignore[no-any-return]
     return request.getfixturevalue(f"{request.param}_server").url  # type: ignore[no-any-return]
 
