@@ -6,6 +6,8 @@ The force-release with a queued waiter is in test_force_release.py, with Redis's
 that expire, a leader killed and a quorum lost in test_zookeeper_ensemble.py."""
 from __future__ import annotations
 
+import asyncio
+import gc
 import logging
 import multiprocessing
 import threading
@@ -216,6 +218,75 @@ def test_unlock_while_unreachable_deletes_the_node_once_back(zookeeper, engines,
     verdict = journal.check()
     figures(f"ZooKeeper {fault} during unlock: unlock -> {type(unlock.error).__name__} after {unlock.elapsed:.3f} s "
             f"(connect_timeout 1); node deleted, waiter in {taken:.3f} s after the server was back; {verdict}")
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+def test_a_waiter_cancelled_before_its_queue_node_is_answered_leaves_no_node(zookeeper, engines, proxy_to, group,
+                                                                             kind, caplog, figures):
+    """An asyncio waiter is cancelled after its create reached the server but before the
+    answer came back (every byte through the proxy takes 1.5 s each way): the node the
+    create made is found and deleted all the same, so it does not stay queued, in front of
+    everyone, for as long as the process's session lives; and asyncio logs nothing about it."""
+    proxy = proxy_to(zookeeper.port)
+    waiter_engine = engines(f"zookeeper://{proxy.address}/{group}?session_timeout=20&connect_timeout=8")
+    admin = engines(zookeeper.url(f"/{group}"))
+
+    def target(engine: ylock.Engine) -> ylock.Guard:
+        if kind == "lock":
+            return ylock.Lock(engine, group, "n").guard("write")
+        return ylock.Semaphore(engine, group, "n", permits=1).guard("permit")
+
+    holder = target(admin)
+    holder.acquire()
+    assert waiter_engine.describe(group)        # connected before the delay starts
+    proxy.delay(1.5)
+
+    seen: list[list[str]] = []
+
+    def watch_queue() -> None:      # the control: the create did make a node (within 10 s)
+        end = time.monotonic() + 10
+        while not any(seen) and time.monotonic() < end:
+            seen.append(waiters(admin, group, "n"))
+            time.sleep(0.05)
+    watcher = threading.Thread(target=watch_queue)
+
+    async def cancelled_wait() -> float:
+        sent = proxy.counters()["bytes_from_client"]
+        wait = asyncio.ensure_future(target(waiter_engine).aacquire(timeout=30))
+        while proxy.counters()["bytes_from_client"] < sent + 60:    # the create is on its way
+            await asyncio.sleep(0.01)
+        watcher.start()
+        cancelled = time.monotonic()
+        wait.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await wait
+        return time.monotonic() - cancelled
+    try:
+        took = asyncio.run(cancelled_wait())
+    finally:
+        watcher.join()
+    gc.collect()        # asyncio logs a future's unread exception when the future is collected
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+    assert any(seen), "the create never made the waiter's node: the fault did not happen"
+    assert took < 8 + SLACK, f"the cancelled call took {took:.2f} s to clean up (budget: connect_timeout 8 s)"
+    wait_until(lambda: not waiters(admin, group, "n"), timeout=10, what="the cancelled waiter's node deleted")
+    proxy.heal()
+    holder.release()
+    assert other_owner_gets(target(admin)), "the lock is blocked after the holder released"
+    figures(f"ZooKeeper {kind}: a waiter cancelled before its create was answered (1.5 s each way): "
+            f"its node deleted, the cancelled call returned after {took:.2f} s")
+
+
+def other_owner_gets(target: ylock.Guard) -> bool:
+    """Whether another owner (a thread of its own) gets ``target`` within 5 s (released then)."""
+    def attempt() -> bool:
+        got = target.try_acquire(timeout=5)
+        if got:
+            target.release()
+        return got
+    runner = Runner(attempt)
+    runner.start()
+    return bool(runner.outcome(10))
 
 
 def test_unreachable_server_fails_each_call_within_its_timeout_quietly(engines, caplog, group, figures):

@@ -214,8 +214,12 @@ class ZooKeeperEngine(Engine):
                 left = self._left(end)
                 try:
                     if claim.node is None and not claim.unsure:
+                        # Until its answer is read, the create may have made our node: a
+                        # give-up meanwhile (an asyncio cancellation lands here) looks for it.
+                        claim.unsure = True
                         created, children = yield Send([Request(CREATE, f"{lockpath}/{claim.prefix}", data),
                                                         Request(CHILDREN, lockpath, claim.on_watch)], left)
+                        claim.unsure = False
                         if isinstance(created, NoNodeError):
                             # kazoo made the parent, then the reaper took it (idle a moment
                             # before this create reached it): make it and create again.
@@ -369,18 +373,41 @@ class ZooKeeperEngine(Engine):
         node = claim.node
         claim.released = True
         self._keeper.forget(claim)
-        if node is None:
-            if claim.unsure:
-                self._keeper.orphan_prefix(claim.lockpath, claim.prefix)
+        if node is None and not claim.unsure:
             return
         budget = self.connect_timeout if end is None else min(self.connect_timeout, end - time.monotonic())
         if budget < 0.005 or not self._session.connected.is_set():
-            self._keeper.orphan(node)
+            if node is None:
+                self._keeper.orphan_prefix(claim.lockpath, claim.prefix)
+            else:
+                self._keeper.orphan(node)
+            return
+        if node is None:
+            yield from self._give_up_unanswered(claim, budget)
             return
         try:
             yield Send([Request(DELETE, node)], budget)
         except (EngineUnavailable, LockError):
             self._keeper.orphan(node)
+
+    def _give_up_unanswered(self, claim: Claim, budget: float) -> Steps:
+        """Give up after a create whose answer never came (lost with the connection, or the
+        call cancelled while it was on its way): read the children (ZooKeeper answers a
+        session's requests in order, so the read sees what the create made) and delete ours;
+        what cannot be done now the keeper does once connected."""
+        lockpath, prefix = claim.lockpath, claim.prefix
+        try:
+            children, = yield Send([Request(CHILDREN, lockpath)], budget)
+            if isinstance(children, Exception):
+                if not isinstance(children, NoNodeError):
+                    self._keeper.orphan_prefix(lockpath, prefix)
+                return
+            live = self._keeper.live
+            ours = [f"{lockpath}/{c}" for c in children if c.startswith(prefix) and f"{lockpath}/{c}" not in live]
+            if ours:
+                yield Send([Request(DELETE, node) for node in ours], budget)
+        except (EngineUnavailable, LockError):
+            self._keeper.orphan_prefix(lockpath, prefix)
 
     def _reconnect_wait(self, claim: Claim, r: AcquireRequest, end: float | None) -> float:
         """How long an acquisition waits for a lost connection to come back. A queued

@@ -109,10 +109,16 @@ async def ado(session: Session, op: Send | Wait | Connect) -> Any:
             future: asyncio.Future[Any] = loop.create_future()
             start(client, req).rawlink(lambda result, f=future: _resolve(loop, f, result))
             futures.append(future)
+        gathered = asyncio.gather(*futures, return_exceptions=True)
         try:
-            done = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), op.timeout)
+            done = await asyncio.wait_for(gathered, op.timeout)
         except asyncio.TimeoutError:
             raise KazooTimeoutError(f"no answer within {op.timeout:.3g} s") from None
+        except asyncio.CancelledError:
+            # A cancelled gather ends with a CancelledError *exception* that nobody reads:
+            # read it, or asyncio logs "exception was never retrieved" at every cancellation.
+            gathered.add_done_callback(_consume)
+            raise
         results = []
         for value in done:
             if isinstance(value, BaseException) and not isinstance(value, ANSWERS):
@@ -125,6 +131,11 @@ async def ado(session: Session, op: Send | Wait | Connect) -> Any:
         await session.await_connected(op.timeout)
         return None
     raise TypeError(f"unknown operation {op!r}")
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any) -> None:
