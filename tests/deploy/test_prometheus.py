@@ -27,6 +27,7 @@ from tests.deploy.helpers import (
     record,
     serving,
 )
+from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -41,6 +42,12 @@ VARIANTS = {"sync": ["--workers", "3"],
             "recycled": ["--workers", "3", "--max-requests", "8", "--max-requests-jitter", "0"],
             "gthread": ["--workers", "3", "--threads", "4"],
             "gevent": ["--workers", "3", "--worker-class", "gevent", "--worker-connections", "50"]}
+
+READY_HOOK = """
+
+def post_worker_init(worker):             # the test's own: this worker has loaded the site
+    open(os.path.join(os.environ["READY_DIR"], str(worker.pid)), "w").close()
+"""
 
 
 def docs_block(first_line: str) -> str:
@@ -90,15 +97,20 @@ def scrape(url: str) -> float:
 @pytest.mark.parametrize("framework", ["django", "flask"])
 def test_every_scrape_counts_every_workers_acquisitions(tmp_path, request, redis_url, framework, variant):
     site, app = (django_site if framework == "django" else flask_site)(tmp_path / "site")
-    (site / "gunicorn.conf.py").write_text(docs_block("# gunicorn.conf.py"), encoding="utf-8")
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    # The docs' configuration, and a hook of the test's own: each worker leaves a file once it
+    # has loaded the site (so the burst does not start while only one worker can answer).
+    (site / "gunicorn.conf.py").write_text(docs_block("# gunicorn.conf.py") + READY_HOOK, encoding="utf-8")
     directory = tmp_path / "prometheus"
     directory.mkdir()
     # A previous run's files: on_starting must clear them, or counts would go on from them.
     (directory / "counter_999999.db").write_bytes(b"stale")
     env = clean_env(YLOCK_URL=redis_url, COUNTER_FILE=str(tmp_path / "counter.txt"),
-                    PROMETHEUS_MULTIPROC_DIR=str(directory))
+                    PROMETHEUS_MULTIPROC_DIR=str(directory), READY_DIR=str(ready))
     argv = gunicorn(app, "-c", "gunicorn.conf.py", *VARIANTS[variant])
     with serving(f"gunicorn {framework} {variant}", argv, site, env, tmp_path / "gunicorn.log") as server:
+        wait_until(lambda: len(list(ready.iterdir())) >= 3, timeout=120, what="the 3 workers loaded the site")
         result = burst(f"{server.url}/counter", REQUESTS, concurrency=6)
         assert result.codes == {200: REQUESTS}, f"answers: {dict(result.codes)}"
         answered = result.per_pid()

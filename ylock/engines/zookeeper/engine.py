@@ -217,8 +217,12 @@ class ZooKeeperEngine(Engine):
                         # Until its answer is read, the create may have made our node: a
                         # give-up meanwhile (an asyncio cancellation lands here) looks for it.
                         claim.unsure = True
-                        created, children = yield Send([Request(CREATE, f"{lockpath}/{claim.prefix}", data),
-                                                        Request(CHILDREN, lockpath, claim.on_watch)], left)
+                        try:
+                            created, children = yield Send([Request(CREATE, f"{lockpath}/{claim.prefix}", data),
+                                                            Request(CHILDREN, lockpath, claim.on_watch)], left)
+                        except LockError as exc:    # a refusal (an ACL) made nothing; no answer may have
+                            claim.unsure = isinstance(exc, EngineUnavailable)
+                            raise
                         claim.unsure = False
                         if isinstance(created, NoNodeError):
                             # kazoo made the parent, then the reaper took it (idle a moment
