@@ -69,11 +69,18 @@ def _scenario(ensemble: PartitionableEnsemble, engines: Any, journal: Any, group
     h.start()
     assert inside.wait(15), "the holder did not get the lock"
     parent, child = spawn.Pipe()
+    # connect_timeout=10: the waiter rides out a server of the two that is still finishing
+    # its rejoin after the previous run's heal (its call fails if it cannot connect in time).
     waiter = spawn.Process(target=queue_then_hold,
-                           args=(ensemble.url(*others, chroot=f"/{group}"), group, "n", journal.checkers, child))
+                           args=(ensemble.url(*others, chroot=f"/{group}") + "?connect_timeout=10", group, "n",
+                                 journal.checkers, child))
     waiter.start()
     try:
-        wait_until(lambda: owners(admin, group, "n")[1], timeout=30, what="the waiter queued")
+        def queued() -> bool:
+            if parent.poll():         # the waiter ended before it queued: say why
+                raise AssertionError(f"the waiter ended before it queued: {parent.recv()!r}")
+            return bool(owners(admin, group, "n")[1])
+        wait_until(queued, timeout=30, what="the waiter queued")
         cut = time.monotonic()
         ensemble.partition(follower)
         assert parent.poll(WAITER_PATIENCE), "the waiter was never granted the lock"
