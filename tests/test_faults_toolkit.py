@@ -22,7 +22,7 @@ from tests.helpers import Runner, wait_until
 from ylock.testing.fencing import FencedRegister, UnfencedCounter
 from ylock.testing.proxy import TcpProxy
 from ylock.testing.redis import RedisServer
-from ylock.testing.zookeeper import ZooKeeperServer, four_letter
+from ylock.testing.zookeeper import ZooKeeperEnsemble, ZooKeeperServer, four_letter
 
 spawn = multiprocessing.get_context("spawn")
 # kazoo reconnects with a back-off growing to 60 s by default: keep it short, so that the
@@ -398,3 +398,32 @@ def test_fenced_counter_loses_nothing_where_an_unfenced_one_loses_updates(tmp_pa
     assert counter.value < 2 * times and counter.lost == 2 * times - counter.value > 0
     print(f"fenced: the stale holder got {accepted[100]} increments in, then {state.rejected} rejected; "
           f"unfenced: {counter.lost} of {2 * times} updates lost")
+
+
+def test_zookeeper_servers_whose_picked_port_was_taken_start_on_new_ports():
+    """A port picked free may be taken before the server binds it (another process's outgoing
+    connection gets it as its ephemeral port; seen in CI with three test workers): the
+    standalone server (its client port) and an ensemble member (its election port, which it
+    gives up on only seconds after it serves) start again on new ports."""
+    server = ZooKeeperServer()
+    ensemble = ZooKeeperEnsemble(3)
+    election = int(ensemble.nodes[1].servers[1].rsplit(":", 1)[1])     # server 2's election port
+    with socket.socket() as taken, socket.socket() as taken_election:
+        taken.bind(("127.0.0.1", server.port))
+        taken.listen()
+        taken_election.bind(("127.0.0.1", election))
+        taken_election.listen()
+        picked = server.port
+        try:
+            server.start()
+            assert server.port != picked and "Mode: standalone" in four_letter(server.port, "srvr")
+        finally:
+            server.stop()
+        try:
+            ensemble.start()
+            assert f":{election}" not in ensemble.nodes[1].servers[1]
+            modes = sorted(n.mode() for n in ensemble.nodes)
+            assert modes == ["follower", "follower", "leader"], modes
+            assert all(n.proc is not None and n.proc.poll() is None for n in ensemble.nodes)
+        finally:
+            ensemble.stop()

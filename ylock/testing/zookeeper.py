@@ -13,6 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ylock.testing import ServerError, ServerProcess, free_port
@@ -183,6 +184,40 @@ def _wait(nodes: list[ZooKeeperNode], timeout: float) -> None:
         time.sleep(0.1)
 
 
+_BIND_FAILED = "Address already in use"
+
+
+def _start_nodes(nodes: list[ZooKeeperNode], timeout: float, new_ports: Callable[[], None],
+                 attempts: int = 5) -> None:
+    """Start ``nodes`` and wait until they serve. A port picked by :func:`free_port` may be
+    taken before the server binds it (an outgoing connection of another process gets it as
+    its ephemeral port): when a node exits on a bind failure, stop them all, pick new ports
+    (``new_ports``) and start again."""
+    for attempt in range(attempts):
+        offsets = [n.log.stat().st_size if n.log.exists() else 0 for n in nodes]
+        deadline = time.monotonic() + timeout
+        for n in nodes:
+            n.start()
+        try:
+            _wait(nodes, timeout)
+            # An ensemble's member may serve (two others made the quorum) before its election
+            # listener failed to bind: it gives up a few seconds later and exits. Wait for it.
+            for n, offset in zip(nodes, offsets):
+                while n.servers and "is accepting connections now" not in n._log_since(offset):
+                    if "Leaving listener thread" in n._log_since(offset) or n.proc is None \
+                            or n.proc.poll() is not None or time.monotonic() > deadline:
+                        raise ServerError(f"ZooKeeper on port {n.port}: no election listener:\n{n.read_log()}")
+                    time.sleep(0.05)
+            return
+        except ServerError:
+            collided = any(_BIND_FAILED in n._log_since(offset) for n, offset in zip(nodes, offsets))
+            for n in nodes:
+                n.stop()
+            if not collided or attempt == attempts - 1:
+                raise
+            new_ports()
+
+
 class ZooKeeperServer:
     """A standalone ZooKeeper server."""
 
@@ -197,8 +232,9 @@ class ZooKeeperServer:
         return f"zookeeper://{self.hosts}{chroot}"
 
     def start(self, timeout: float = 60.0) -> ZooKeeperServer:
-        self.node.start()
-        _wait([self.node], timeout)
+        def new_port() -> None:
+            self.node.port = free_port()
+        _start_nodes([self.node], timeout, new_port)
         return self
 
     def stop(self) -> None:
@@ -241,9 +277,17 @@ class ZooKeeperEnsemble:
     def __init__(self, size: int = 3, tick: int = 200) -> None:
         base = Path(tempfile.mkdtemp(prefix="ylock-zk-ensemble-"))
         self.nodes = [ZooKeeperNode(base / str(i), sid=i, tick=tick) for i in range(1, size + 1)]
+        self._pick_quorum_ports()
+
+    def _pick_quorum_ports(self) -> None:
         servers = [f"server.{n.sid}=127.0.0.1:{free_port()}:{free_port()}" for n in self.nodes]
         for n in self.nodes:
             n.servers = servers
+
+    def _new_ports(self) -> None:
+        for n in self.nodes:
+            n.port = free_port()
+        self._pick_quorum_ports()
 
     @property
     def hosts(self) -> str:
@@ -253,9 +297,7 @@ class ZooKeeperEnsemble:
         return f"zookeeper://{self.hosts}{chroot}"
 
     def start(self, timeout: float = 90.0) -> ZooKeeperEnsemble:
-        for n in self.nodes:
-            n.start()
-        _wait(self.nodes, timeout)
+        _start_nodes(self.nodes, timeout, self._new_ports)
         return self
 
     def leader(self) -> ZooKeeperNode:
@@ -294,8 +336,14 @@ class PartitionableEnsemble:
     def __init__(self, size: int = 3, tick: int = 200) -> None:
         base = Path(tempfile.mkdtemp(prefix="ylock-zk-partition-"))
         self.nodes = [ZooKeeperNode(base / str(i), sid=i, tick=tick) for i in range(1, size + 1)]
-        real = {n.sid: (free_port(), free_port()) for n in self.nodes}
         self.links: dict[tuple[int, int], tuple[TcpProxy, TcpProxy]] = {}
+        self.clients: dict[int, TcpProxy] = {}
+        self._build()
+
+    def _build(self) -> None:
+        """Pick the servers' own ports and make the proxies in front of them."""
+        real = {n.sid: (free_port(), free_port()) for n in self.nodes}
+        self.links = {}
         for n in self.nodes:
             for m in self.nodes:
                 if m is not n:
@@ -307,18 +355,28 @@ class PartitionableEnsemble:
         return [p for pair in self.links.values() for p in pair] + list(self.clients.values())
 
     def start(self, timeout: float = 90.0) -> PartitionableEnsemble:
-        for proxy in self._proxies():
-            proxy.start()
-        for n in self.nodes:
-            lines = []
-            for m in self.nodes:
-                quorum, election = self._real[m.sid] if m is n else \
-                    (self.links[n.sid, m.sid][0].port, self.links[n.sid, m.sid][1].port)
-                lines.append(f"server.{m.sid}=127.0.0.1:{quorum}:{election}")
-            n.servers = lines
-            n.start()
+        def configure() -> None:
+            for proxy in self._proxies():
+                proxy.start()
+            for n in self.nodes:
+                lines = []
+                for m in self.nodes:
+                    quorum, election = self._real[m.sid] if m is n else \
+                        (self.links[n.sid, m.sid][0].port, self.links[n.sid, m.sid][1].port)
+                    lines.append(f"server.{m.sid}=127.0.0.1:{quorum}:{election}")
+                n.servers = lines
+
+        def new_ports() -> None:     # a server's own port was taken: new ones, new proxies
+            for proxy in self._proxies():
+                proxy.stop()
+            for n in self.nodes:
+                n.port = free_port()
+            self._build()
+            configure()
+
+        configure()
         try:
-            _wait(self.nodes, timeout)
+            _start_nodes(self.nodes, timeout, new_ports)
         except BaseException:
             self.stop()
             raise
