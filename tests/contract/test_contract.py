@@ -379,11 +379,11 @@ def test_fencing_tokens_strictly_increase(engine, group):
 
 def test_lease_is_renewed_while_held(engine, group):
     # Renewed by the watchdog, or kept alive by the engine's session (ZooKeeper).
-    # A 1 s lease is renewed every 1/3 s: a renewal thread late by up to 2/3 s (a loaded
+    # A 1.5 s lease is renewed every 0.5 s: a renewal thread late by up to 1 s (a loaded
     # machine; CI once saw a 0.5 s lease lapse on Cluster at load 3-4) does not lose it.
-    lock = make(engine, group, lease=1.0)
+    lock = make(engine, group, lease=1.5)
     with lock:
-        time.sleep(3.0)        # the subject of the test: three leases go by
+        time.sleep(4.5)        # the subject of the test: three leases go by
         assert not lock.lost
         assert other_thread(lambda: make(engine, group).try_lock()) is False
     assert not lock.held()

@@ -452,11 +452,13 @@ def test_an_owner_that_stops_renewing_loses_the_lock_on_the_server_after_its_lea
 
 def test_heartbeats_keep_a_short_lease_and_cost_one_wait_for_many_holds(make_engine, group):
     engine = make_engine(max_connections=40)
-    locks = ylock.Locks(engine, group, lease=0.6)
+    # 1.5 s (heartbeats every 0.5 s), held for three leases: a heartbeat thread late by up to
+    # a second on a loaded machine (30 backends being forked meanwhile) keeps every hold.
+    locks = ylock.Locks(engine, group, lease=1.5)
     names = [f"h{i}" for i in range(30)]
-    runners = [in_thread(lambda n=n: (locks.lock(n), time.sleep(2.0), locks[n].lost, locks.unlock(n))[2])
+    runners = [in_thread(lambda n=n: (locks.lock(n), time.sleep(4.5), locks[n].lost, locks.unlock(n))[2])
                for n in names]
-    assert [r.outcome(10) for r in runners] == [False] * 30
+    assert [r.outcome(15) for r in runners] == [False] * 30
     items = []
     for n in names[:5]:
         request = AcquireRequest(group, n, "o-" + n, "write", True, 5.0, time.monotonic() + 5, DEFAULT_POLLING)
@@ -464,7 +466,7 @@ def test_heartbeats_keep_a_short_lease_and_cost_one_wait_for_many_holds(make_eng
         items.append(ylock.RenewItem(group, n, "o-" + n, "write", 5.0))
     started = time.monotonic()
     assert engine.renew(items) == [True] * 5
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 2.0
     for item in items:
         assert engine.release(group, item.name, item.owner, "write") is True
 
