@@ -203,9 +203,9 @@ def _start_nodes(nodes: list[ZooKeeperNode], timeout: float, new_ports: Callable
             # An ensemble's member may serve (two others made the quorum) before its election
             # listener failed to bind: it gives up a few seconds later and exits. Wait for it.
             for n, offset in zip(nodes, offsets):
-                while n.servers and "is accepting connections now" not in n._log_since(offset):
-                    if "Leaving listener thread" in n._log_since(offset) or n.proc is None \
-                            or n.proc.poll() is not None or time.monotonic() > deadline:
+                while n.servers and "is accepting connections now" not in (text := n._log_since(offset)):
+                    if "Leaving listener thread" in text or n.proc is None or n.proc.poll() is not None \
+                            or time.monotonic() > deadline:
                         raise ServerError(f"ZooKeeper on port {n.port}: no election listener:\n{n.read_log()}")
                     time.sleep(0.05)
             return
