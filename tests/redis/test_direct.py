@@ -124,3 +124,82 @@ def test_a_server_no_longer_master_drops_every_parked_connection():
         pool.disconnect()
         server.stop()
         other.stop()
+
+
+# -- the lock path's own reply reader (direct._Replies) -------------------------------------------
+
+#: Replies of every RESP2 kind, nested, empty and nil, an error inside an array, and one far
+#: larger than a socket read (so that it is parsed from many reads).
+_SHAPES = """
+local big = string.rep('x', 300000)
+if ARGV[1] == 'int' then return -42 end
+if ARGV[1] == 'status' then return redis.status_reply('FINE') end
+if ARGV[1] == 'nil' then return false end
+if ARGV[1] == 'empty' then return {} end
+if ARGV[1] == 'nested' then return {1, 'two', {3, {'', 'x'}, {}}, redis.error_reply('ERR inner')} end
+if ARGV[1] == 'big' then return {big, 7, big} end
+if ARGV[1] == 'map' then
+  redis.setresp(3) redis.call('HSET', KEYS[1] .. 'h', 'a', '1', 'b', '2') return redis.call('HGETALL', KEYS[1] .. 'h')
+end
+if ARGV[1] == 'set' then
+  redis.setresp(3) redis.call('SADD', KEYS[1], 'a', 'b') return redis.call('SMEMBERS', KEYS[1])
+end
+if ARGV[1] == 'double' then redis.setresp(3) return {double = 1.5} end
+return redis.error_reply('NOSUCH thing')
+"""
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+@pytest.mark.parametrize("shape", ["int", "status", "nil", "empty", "nested", "big", "map", "set", "double"])
+def test_the_lock_path_reads_every_reply_as_redis_py_does(redis_server, shape, protocol):
+    pool = redis.ConnectionPool.from_url(redis_server.url, protocol=protocol)
+    call = DirectCalls(pool)
+    sha = redis.Redis(connection_pool=pool).script_load(_SHAPES)
+    mine = call("EVALSHA", sha, 1, "ylock-direct-set", shape)
+    conn = pool.get_connection()
+    try:
+        conn.send_command("EVALSHA", sha, 1, "ylock-direct-set", shape)
+        theirs = conn.read_response()
+    finally:
+        pool.release(conn)
+    assert conn.protocol in (protocol, str(protocol)) and call.idle[0].ylock_read.__class__.__name__ == "_Replies"
+    if shape == "set":
+        mine, theirs = sorted(mine), sorted(theirs)
+    if shape == "nested":      # exceptions compare by identity: compare their class and text
+        assert (type(mine[3]), str(mine[3])) == (type(theirs[3]), str(theirs[3])) == \
+            (redis.exceptions.ResponseError, "inner")
+        mine, theirs = mine[:3], theirs[:3]
+    assert mine == theirs
+    assert call("ECHO", "next") == b"next"       # nothing of it was left to be read as the next reply
+    pool.disconnect()
+
+
+def test_error_replies_raise_redis_py_s_exceptions_and_pipelines_read_every_reply(redis_server):
+    pool = redis.ConnectionPool.from_url(redis_server.url)
+    call = DirectCalls(pool)
+    with pytest.raises(redis.exceptions.NoScriptError):
+        call("EVALSHA", "0" * 40, 0)
+    with pytest.raises(redis.exceptions.ResponseError, match="NOSUCH thing"):
+        call("EVAL", _SHAPES, 0, "error")
+    # Several replies in one read: each parsed in turn, the error one raised after all are read.
+    with pytest.raises(redis.exceptions.ResponseError, match="NOSUCH"):
+        call.many(("SET", "ylock-direct-p", "1"), ("EVAL", _SHAPES, 0, "error"), ("INCR", "ylock-direct-p"))
+    assert call.many(("GET", "ylock-direct-p"), ("ECHO", "after")) == [b"2", b"after"]
+    assert len(call.idle) == 1 and call.idle[0].is_connected
+    pool.disconnect()
+
+
+def test_a_reconnection_starts_with_no_bytes_of_the_old_socket(redis_server):
+    pool = redis.ConnectionPool.from_url(redis_server.url, socket_timeout=0.3)
+    call = DirectCalls(pool)
+    sha = redis.Redis(connection_pool=pool).script_load(_SHAPES)
+    assert len(call("EVALSHA", sha, 0, "big")[0]) == 300000
+    conn = call.idle[0]
+    # Two replies in one read: the second stays in the reader's buffer after the first.
+    conn._sock.sendall(b"*2\r\n$4\r\nECHO\r\n$5\r\nstale\r\n*2\r\n$4\r\nECHO\r\n$8\r\nleftover\r\n")
+    assert conn.ylock_read() == b"stale"
+    if not conn.ylock_read.buf:      # the second came in a read of its own: put it there
+        conn.ylock_read.buf = b"$8\r\nleftover\r\n"
+    conn.disconnect()                # e.g. a call interrupted before it read its reply
+    assert call("ECHO", "fresh") == b"fresh"      # a new socket: not the rest of the old reply
+    pool.disconnect()

@@ -122,12 +122,12 @@ class DirectCalls:
         try:
             try:
                 _send(conn, args, end)
-                reply = conn.read_response()
+                reply = conn.ylock_read()
             except rex.ConnectionError:
                 self.fault()
                 conn.disconnect()
                 _send(conn, args, end)      # connects anew, once, within what is left
-                reply = conn.read_response()
+                reply = conn.ylock_read()
         except rex.ResponseError as exc:
             if isinstance(exc, _NOT_MASTER) or str(exc).startswith("NOREPLICAS"):
                 self.fault()
@@ -156,8 +156,8 @@ class DirectCalls:
         try:
             _send(conn, commands[0], end)
             for args in commands[1:]:
-                conn.send_packed_command(conn.ylock_pack(*args), check_health=False)
-            replies = _read_all(conn.read_response, len(commands))
+                _write(conn, conn.ylock_pack(*args))
+            replies = _read_all(conn.ylock_read, len(commands))
         except BaseException:
             conn.disconnect()
             self.checkin(conn)
@@ -206,6 +206,7 @@ class DirectCalls:
             conn = self.pool.get_connection()     # redis-py 8 connects here
             conn.ylock_epoch = self.epoch
             conn.ylock_pack = _packer(conn)
+            conn.ylock_read = _reader(conn)
             return conn
         except BaseException as exc:
             with self._freed:
@@ -281,10 +282,188 @@ def _send(conn: Any, args: tuple[Any, ...], end: float | None) -> None:
     left = None if end is None else end - time.monotonic()
     if left is not None and left <= 0:
         raise rex.TimeoutError("no time left for the call")
-    if conn._sock is None:
+    sock = conn._sock
+    if sock is None:
         _connect(conn, left)
-    conn._sock.settimeout(conn.socket_timeout if left is None else left)
-    conn.send_packed_command(conn.ylock_pack(*args), check_health=False)
+        sock = conn._sock
+    if left is None:
+        left = conn.socket_timeout
+    # Set only when it changes by more than a little (a call's timeout is mostly the socket
+    # timeout less the microseconds since the call began): setting it is a system call.
+    # The socket may so wait up to TIMEOUT_SLACK past ``end``.
+    was = sock.gettimeout()
+    if was != left and (left is None or was is None or not 0 <= was - left <= TIMEOUT_SLACK):
+        sock.settimeout(left)
+    _write(conn, conn.ylock_pack(*args))
+
+
+#: How much later than its ``end`` a call may end: see :func:`_send`.
+TIMEOUT_SLACK = 0.002
+
+
+def _write(conn: Any, packed: list[bytes]) -> None:
+    """Send a packed command on ``conn``'s socket, with redis-py's errors (as its
+    ``send_packed_command``, less its health check and branches: the lock path's socket is
+    connected and its timeout set by :func:`_send`)."""
+    try:
+        for item in packed:
+            conn._sock.sendall(item)
+    except TimeoutError:           # socket.timeout
+        conn.disconnect()
+        raise rex.TimeoutError("Timeout writing to socket") from None
+    except OSError as exc:
+        conn.disconnect()
+        errno, message = (exc.args[0], exc.args[1]) if len(exc.args) > 1 else \
+            ("UNKNOWN", exc.args[0] if exc.args else exc)
+        raise rex.ConnectionError(f"Error {errno} while writing to socket. {message}.") from None
+    except BaseException:
+        conn.disconnect()          # part of a command may have gone: the connection is unusable
+        raise
+
+
+def _reader(conn: Any) -> Any:
+    """How the lock path reads ``conn``'s replies: :class:`_Replies` where it can (replies
+    as bytes), else redis-py's ``read_response``."""
+    if conn.encoder.decode_responses:
+        return conn.read_response
+    return _Replies(conn)
+
+
+class _Incomplete(Exception):
+    """The buffer ends before the reply does."""
+
+
+class _Push(list):  # type: ignore[type-arg]
+    """A RESP3 push message (not a reply): handed to redis-py's parser, which acts on it."""
+
+
+class _Replies:
+    """Read a connection's replies straight from its socket with :func:`_parse`.
+    redis-py's ``read_response`` goes through four layers of Python (the connection's, the
+    parser's, a buffered socket over a ``BytesIO``) for every reply: for the lock path's
+    small replies, measured in the same process on the benchmark machine, a round trip
+    cost 14 µs more client CPU through it than through this (``bench/README.md``). The
+    same results and errors as redis-py's RESP2 and RESP3 parsers (their ``parse_error``
+    makes the error replies' exceptions; a push message goes to their
+    ``handle_push_response``, and the reply after it is read). Not hiredis's reader: the lock
+    path's replies are mostly one integer, which :func:`_parse` reads in under a
+    microsecond, and a second reader would be a path that the suite (which runs without
+    hiredis) does not test; with hiredis installed, redis-py's own calls still use it. A
+    new socket (a reconnection) starts with an empty buffer."""
+
+    __slots__ = ("conn", "sock", "buf")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.sock: Any = None
+        self.buf = b""
+
+    def __call__(self) -> Any:
+        conn = self.conn
+        sock = conn._sock
+        if sock is not self.sock:
+            if sock is None:
+                raise rex.ConnectionError("the connection was closed")
+            self.sock, self.buf = sock, b""
+        try:
+            reply = self._read(sock)
+            while reply.__class__ is _Push:
+                conn._parser.handle_push_response(list(reply))
+                reply = self._read(sock)
+        except TimeoutError:       # socket.timeout
+            conn.disconnect()
+            raise rex.TimeoutError(f"Timeout reading from {conn._host_error()}") from None
+        except OSError as exc:
+            conn.disconnect()
+            raise rex.ConnectionError(f"Error while reading from {conn._host_error()} : {exc.args}") from None
+        except BaseException:
+            conn.disconnect()      # mid-reply: what is left of it must never be read as a reply
+            raise
+        if isinstance(reply, rex.ResponseError):     # (a ConnectionError one, LOADING, raised above)
+            try:
+                raise reply
+            finally:
+                del reply
+        return reply
+
+    def _read(self, sock: Any) -> Any:
+        buf = self.buf
+        while True:
+            if buf:
+                try:
+                    reply, end = _parse(buf, 0, self.conn._parser.parse_error)
+                except _Incomplete:
+                    pass
+                else:
+                    self.buf = buf[end:]
+                    return reply
+            data = sock.recv(65536)
+            if not data:
+                raise rex.ConnectionError("Connection closed by server.")
+            buf = self.buf = buf + data if buf else data
+
+
+def _parse(buf: bytes, at: int, error: Any) -> tuple[Any, int]:
+    """The RESP2/RESP3 reply at ``buf[at:]`` and where it ends, as redis-py's parsers make
+    it (bulk and simple strings as bytes, a set as a list, an error reply as
+    ``error(message)``'s exception, returned; a push message as a :class:`_Push`);
+    :class:`_Incomplete` if the buffer ends before it does."""
+    line = buf.find(b"\r\n", at)
+    if line < 0:
+        raise _Incomplete
+    kind = buf[at]
+    if kind == 58 or kind == 40:                        # ":" integer, "(" big number
+        return int(buf[at + 1:line]), line + 2
+    if kind == 36 or kind == 61 or kind == 33:          # "$" bulk, "=" verbatim, "!" blob error
+        size = int(buf[at + 1:line])
+        if size < 0:
+            return None, line + 2
+        end = line + 2 + size
+        if len(buf) < end + 2:
+            raise _Incomplete
+        if kind == 36:
+            return buf[line + 2:end], end + 2
+        if kind == 61:
+            return buf[line + 6:end], end + 2          # less its "txt:" format
+        return _error(error, buf[line + 2:end]), end + 2
+    if kind == 42 or kind == 126 or kind == 62:         # "*" array, "~" set, ">" push
+        count = int(buf[at + 1:line])
+        if count < 0:
+            return None, line + 2
+        items: list[Any] = _Push() if kind == 62 else []
+        at = line + 2
+        for _ in range(count):
+            item, at = _parse(buf, at, error)
+            items.append(item)
+        return items, at
+    if kind == 37:                                      # "%" map
+        count = int(buf[at + 1:line])
+        out: dict[Any, Any] = {}
+        at = line + 2
+        for _ in range(count):
+            key, at = _parse(buf, at, error)
+            out[key], at = _parse(buf, at, error)
+        return out, at
+    if kind == 43:                                      # "+" simple string
+        return buf[at + 1:line], line + 2
+    if kind == 45:                                      # "-" error
+        return _error(error, buf[at + 1:line]), line + 2
+    if kind == 95:                                      # "_" null
+        return None, line + 2
+    if kind == 35:                                      # "#" boolean
+        return buf[at + 1:line] == b"t", line + 2
+    if kind == 44:                                      # "," double
+        return float(buf[at + 1:line]), line + 2
+    raise rex.InvalidResponse(f"Protocol Error: {buf[at:line]!r}")
+
+
+def _error(error: Any, message: bytes) -> Any:
+    """An error reply's exception, as redis-py's parsers make it (a connection error is
+    raised at once, wherever it is)."""
+    exc = error(message.decode("utf-8", "replace"))
+    if isinstance(exc, rex.ConnectionError):
+        raise exc
+    return exc
 
 
 def _connect(conn: Any, left: float | None) -> None:
@@ -671,7 +850,7 @@ class ThreadNotifyHub:
                     self._waking = False          # a joiner from now on wakes this BLPOP
                 try:
                     _send(conn, ("BLPOP", *keys, self.wake_key, self._block), time.monotonic() + self._block + 5.0)
-                    reply = conn.read_response()
+                    reply = conn.ylock_read()
                 finally:
                     with self._mutex:
                         self._blocking = frozenset()

@@ -48,16 +48,32 @@ def describe_base(engine: EngineParts, base: str) -> LockInfo | None:
         context[dec(notes[i])] = holder_context(dec(notes[i]), int(since) / 1000 if since.isdigit() else None,
                                                 said)
     if writer:
+        _granted_at(context, writer, int(writer_token))
         return LockInfo(group, name, WRITE, (writer,), waiters, max(0, writer_ttl) / 1000, int(writer_token),
                         context=context)
     kind, count = (SEMAPHORE, int(permits)) if semaphore and permits else (LOCK, None)
     if shared:
         owners = tuple(sorted(dec(shared[i]) for i in range(0, len(shared), 2)))
+        for owner in owners:
+            if owner in token_of:
+                _granted_at(context, owner, token_of[owner])
         ttl = (max(float(shared[i]) for i in range(1, len(shared), 2)) - now) / 1000
         token = max((token_of[o] for o in owners if o in token_of), default=None)
         return LockInfo(group, name, PERMIT if semaphore else READ, owners, waiters, ttl, token, kind, count,
                         context)
     return LockInfo(group, name, None, (), waiters, None, None, kind, count, context)
+
+
+#: Tokens are at least the server's clock in µs at the grant (see ``next_token`` in
+#: ``common.lua``); a token below this (2001) is from a counter, not a clock.
+_CLOCK_TOKENS = 10 ** 15
+
+
+def _granted_at(context: dict[str, Any], owner: str, token: int) -> None:
+    """Describe a holder that left no note (one granted on a fast path with nothing to say,
+    see ``fast_note`` in ``common.lua``): since when comes from its token."""
+    if owner not in context and token >= _CLOCK_TOKENS:
+        context[owner] = holder_context(owner, token / 1e6, None)
 
 
 def publish_stats(engine: EngineParts, process: str, data: bytes, ttl: float) -> None:

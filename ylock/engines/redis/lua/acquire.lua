@@ -13,6 +13,7 @@
 -- downgrading), or {0, ms the holders' leases still run, evicted...}.
 local o, mode, wlease = ARGV[1], ARGV[2], tonumber(ARGV[5])
 local lease = math.min(tonumber(ARGV[4]), wlease)
+local lease_px = lease == wlease and ARGV[5] or ARGV[4]   -- the same, as sent (see RETENTION)
 local fair = string.sub(ARGV[3], 1, 1) == '1'
 local stay = string.sub(ARGV[3], 2, 2) == '1'
 local queued = string.sub(ARGV[3], 3, 3) == '1'
@@ -20,8 +21,8 @@ local queued = string.sub(ARGV[3], 3, 3) == '1'
 if mode == 'write' and not queued then
   -- Fast path for a writer: nobody holds, nobody waits.
   if redis.call('EXISTS', K.x, K.q, K.s) == 0 then
-    note(o, ARGV[6], lease)
-    return grant_write(o, lease)
+    fast_note(o, ARGV[6], lease_px)
+    return grant_write(o, lease_px)
   end
   -- A fair writer asking while another writer holds can neither enter nor be granted:
   -- it only joins the queue (the holder's release evicts dead waiters and hands on).
@@ -45,7 +46,7 @@ local writer, wtok = writer_of()
 
 -- Fast path for a reader: no writer holds and nobody waits.
 if mode == 'read' and not writer and not queued and redis.call('LLEN', K.q) == 0 then
-  note(o, ARGV[6], lease)
+  fast_note(o, ARGV[6], lease)
   return {1, grant_read(o, lease, now)}
 end
 

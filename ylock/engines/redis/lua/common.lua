@@ -18,7 +18,9 @@
 -- Time always comes from Redis (TIME), never from a client clock. __RETENTION_MS__ and
 -- __BARGE_MS__ are replaced by the engine's settings when the script is loaded.
 
-local RETENTION = __RETENTION_MS__
+-- (a string: a number passed to redis.call is converted with sprintf each time, which costs
+-- the server more than the command it is an argument of)
+local RETENTION = '__RETENTION_MS__'
 local BARGE = __BARGE_MS__
 local base = string.sub(KEYS[1], 1, -3)
 local K = {x = KEYS[1], s = base .. ':s', q = base .. ':q', t = base .. ':t', f = base .. ':f', base = base}
@@ -40,7 +42,13 @@ end
 
 local function clock() return math.floor(now_us() / 1000) end
 
-local function fmt(n) return string.format('%.0f', n) end
+-- A number as the integer Redis reads (tostring would give 1.7e+15), remembering the last
+-- one: a grant formats its token twice (the fence and x) and string.format costs.
+local FMT_N, FMT_S
+local function fmt(n)
+  if n ~= FMT_N then FMT_N, FMT_S = n, string.format('%.0f', n) end
+  return FMT_S
+end
 
 -- Tokens: at least the server clock in microseconds and above the last one issued here,
 -- max(fence + 1, TIME in µs); ``count`` tokens at once for a run of readers (the fence
@@ -82,6 +90,14 @@ end
 -- Describe o (a new holder or waiter) for describe(): since now, doing ctx, for ttl ms.
 local function note(o, ctx, ttl)
   redis.call('SET', base .. ':h:' .. o, fmt(clock()) .. '|' .. ctx, 'PX', ttl)
+end
+
+-- The same for a holder granted on a fast path (it was not queued, so it has no waiter's
+-- note): one that says nothing gets no note, since describe() takes when it was granted
+-- from its token (the server clock in µs at the grant), and the command is a sixth of
+-- the uncontended acquisition's server time.
+local function fast_note(o, ctx, ttl)
+  if ctx ~= '' then note(o, ctx, ttl) end
 end
 
 -- Make o the writer for lease ms, keeping tok if given (a re-grant); return the token.

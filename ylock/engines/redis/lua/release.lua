@@ -7,11 +7,21 @@ local o, mode = ARGV[1], ARGV[2]
 local held = 0
 if mode == 'write' then
   local v = redis.call('GET', K.x)
+  local mine = v and string.match(v, '^(.*)|%d+$') == o
+  -- Nobody reads and nobody waits (the uncontended case, one command to tell): our note
+  -- and x go, if still ours; nothing else is to be done.
+  if redis.call('EXISTS', K.s, K.q) == 0 then
+    if mine then
+      redis.call('DEL', K.x, base .. ':h:' .. o)
+      return 1
+    end
+    return 0
+  end
   -- Whether any reader holds, asked once: it decides both whether our note goes (a writer
   -- that downgraded still reads) and whether a writer at the head may take over.
   local readers = redis.call('EXISTS', K.s) == 1
   local gone = {}                           -- keys to delete, in one DEL at the end
-  if v and string.match(v, '^(.*)|%d+$') == o then
+  if mine then
     held = 1
     if not (readers and redis.call('ZSCORE', K.s, o)) then table.insert(gone, base .. ':h:' .. o) end
   end
