@@ -75,6 +75,7 @@ from ylock.engines.redis.aio import AsyncSide, open_side
 from ylock.engines.redis.clients import Clients, split_url
 from ylock.engines.redis.direct import (
     BLPOP_REFUSED,
+    AsyncDirectCalls,
     DirectCalls,
     Refusals,
     ThreadNotifyHub,
@@ -381,7 +382,11 @@ class RedisEngine(Engine):
         try:
             return await side.calls("EVALSHA", script.sha, 1, key, *args, timeout=timeout)
         except rex.NoScriptError:
-            script.sha = await side.client.script_load(script.script)
+            if side.calls.__class__ is AsyncDirectCalls:     # see _run
+                sha = await side.calls("SCRIPT", "LOAD", script.script, timeout=timeout)
+                script.sha = sha.decode() if isinstance(sha, bytes) else sha
+            else:
+                script.sha = await side.client.script_load(script.script)
             return await side.calls("EVALSHA", script.sha, 1, key, *args, timeout=timeout)
 
     def _do(self, op: Acquire | Pop | Release | Sleep) -> Any:
@@ -407,7 +412,13 @@ class RedisEngine(Engine):
         try:
             return call("EVALSHA", script.sha, 1, key, *args, timeout=timeout)
         except rex.NoScriptError:
-            script.sha = self.client.script_load(script.script)
+            if call.__class__ is DirectCalls:
+                # On the lock path's own connections: not on the client's pool, which would
+                # open a connection for each thread that found the script missing at once.
+                sha = call("SCRIPT", "LOAD", script.script, timeout=timeout)
+                script.sha = sha.decode() if isinstance(sha, bytes) else sha
+            else:
+                script.sha = self.client.script_load(script.script)
             return call("EVALSHA", script.sha, 1, key, *args, timeout=timeout)
 
     def _caller(self) -> Any:
