@@ -10,26 +10,31 @@ if mode == 'write' then
   local mine = v and string.match(v, '^(.*)|%d+$') == o
   -- Nobody reads and nobody waits (the uncontended case, one command to tell): our note
   -- and x go, if still ours; nothing else is to be done.
-  if redis.call('EXISTS', K.s, K.q) == 0 then
+  local there = redis.call('EXISTS', K.s, K.q)
+  if there == 0 then
     if mine then
       redis.call('DEL', K.x, base .. ':h:' .. o)
       return 1
     end
     return 0
   end
-  -- Whether any reader holds, asked once: it decides both whether our note goes (a writer
-  -- that downgraded still reads) and whether a writer at the head may take over.
-  local readers = redis.call('EXISTS', K.s) == 1
-  local gone = {}                           -- keys to delete, in one DEL at the end
-  if mine then
-    held = 1
-    if not (readers and redis.call('ZSCORE', K.s, o)) then table.insert(gone, base .. ':h:' .. o) end
-  end
+  if mine then held = 1 end
   -- Fast handoff: the head of the queue is a live fair writer and no reader holds (a
   -- writer that downgraded still reads): the lock goes to it here, with its waiter
   -- lease until its watchdog renews it, and its token is pushed to the list it blocks on.
   local ours = held == 1 or not v          -- the lock is free once we are done
   local head = ours and redis.call('LPOP', K.q)
+  -- Whether any reader holds: it decides both whether our note goes (a writer that
+  -- downgraded still reads) and whether a writer at the head may take over. Told by the
+  -- EXISTS above when both or only the queue (which had a head) are there.
+  local readers
+  if there == 2 then readers = true
+  elseif head then readers = false
+  else readers = redis.call('EXISTS', K.s) == 1 end
+  local gone = {}                           -- keys to delete, in one DEL at the end
+  if held == 1 and not (readers and redis.call('ZSCORE', K.s, o)) then
+    table.insert(gone, base .. ':h:' .. o)
+  end
   if ours and not head then                 -- nobody waits
     if held == 1 then table.insert(gone, K.x) end
     if #gone > 0 then redis.call('DEL', unpack(gone)) end
