@@ -60,13 +60,20 @@ def free(engine: ylock.Engine, group: str) -> dict[str, bool]:
 def kill_holder(url: str, group: str, how: str) -> tuple[int, str]:
     """Start the script, wait until it holds its locks, SIGTERM it; return its exit status
     and what it printed."""
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, url, group, how], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", SCRIPT, url, group, how],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()                 # type: ignore[union-attr]
         assert line.startswith("holding"), proc.stderr.read()  # type: ignore[union-attr]
         proc.send_signal(signal.SIGTERM)
-        status = proc.wait(30)
+        try:
+            status = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            # Say where it hung: Python's faulthandler prints every thread's stack on SIGABRT.
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(10)
+            raise AssertionError(f"still running 30 s after SIGTERM; it said: {proc.stdout.read()!r}; "  # type: ignore[union-attr]
+                                 f"stderr: {proc.stderr.read()[-6000:]}") from None  # type: ignore[union-attr]
         return status, line + proc.stdout.read()      # type: ignore[union-attr]
     finally:
         if proc.poll() is None:
