@@ -123,3 +123,40 @@ def test_the_lock_paths_packer_refuses_what_redis_py_refuses_and_defers_to_other
     latin = redis.Connection(encoding="latin-1")
     assert _packer(latin) == latin.pack_command            # not UTF-8: the connection's own
     assert _packer(redis.asyncio.Connection(encoding_errors="replace")) != _pack
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_the_asyncio_lock_path_reads_every_reply_as_redis_asyncio_does(redis_server, protocol):
+    from tests.redis.test_direct import _SHAPES
+
+    async def main() -> None:
+        pool = redis.asyncio.ConnectionPool.from_url(redis_server.url, protocol=protocol)
+        call = AsyncDirectCalls(pool)
+        client = redis.asyncio.Redis(connection_pool=pool)
+        sha = await client.script_load(_SHAPES)
+        for shape in ("int", "status", "nil", "empty", "nested", "big", "map", "set", "double"):
+            mine = await call("EVALSHA", sha, 1, "ylock-adirect-set", shape)
+            conn = await pool.get_connection()
+            try:
+                await conn.send_command("EVALSHA", sha, 1, "ylock-adirect-set", shape)
+                theirs = await conn.read_response()
+            finally:
+                await pool.release(conn)
+            if shape == "set":
+                mine, theirs = sorted(mine), sorted(theirs)
+            if shape == "nested":    # exceptions compare by identity: compare their class and text
+                assert (type(mine[3]), str(mine[3])) == (type(theirs[3]), str(theirs[3])) == \
+                    (redis.exceptions.ResponseError, "inner"), shape
+                mine, theirs = mine[:3], theirs[:3]
+            assert mine == theirs, shape
+            assert await call("ECHO", "next") == b"next"     # nothing of it left for the next call
+        with pytest.raises(redis.exceptions.NoScriptError):
+            await call("EVALSHA", "0" * 40, 0)
+        with pytest.raises(redis.exceptions.ResponseError, match="NOSUCH"):
+            await call.many(("SET", "ylock-adirect-p", "1"), ("EVAL", _SHAPES, 0, "error"),
+                            ("INCR", "ylock-adirect-p"))
+        assert await call.many(("GET", "ylock-adirect-p"), ("ECHO", "after")) == [b"2", b"after"]
+        assert len(call.idle) == 1 and call.idle[0].protocol in (protocol, str(protocol))
+        await pool.disconnect()
+
+    asyncio.run(main())

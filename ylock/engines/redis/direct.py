@@ -44,7 +44,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import inspect
 import logging
+import sys
 import threading
 import time
 from typing import Any
@@ -52,6 +54,11 @@ from typing import Any
 import redis.exceptions as rex
 from redis._parsers.encoders import Encoder
 from redis.connection import PythonRespSerializer
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as _async_timeout
+else:                                   # redis.asyncio's own dependency before Python 3.11
+    from async_timeout import timeout as _async_timeout
 
 logger = logging.getLogger("ylock.engines.redis")
 
@@ -657,19 +664,73 @@ async def _awrite(conn: Any, packed: list[bytes], end: float | None) -> None:
 
 
 async def _aread(conn: Any, end: float | None) -> Any:
-    """Read one reply from ``conn`` within what is left until ``end`` (None: its socket timeout).
+    """Read one reply from ``conn`` within what is left until ``end`` (None: its socket
+    timeout); on a timeout raise ``TimeoutError`` and disconnect (the reply may still come:
+    the next call must not read it as its own).
 
-    The bound goes through the connection's ``socket_timeout`` rather than ``read_response``'s
-    ``timeout``, with which redis-py answers None when time runs out and keeps the connection
-    with the reply still to come: the next call would read it as its own."""
-    if end is None:
-        return await conn.read_response()
-    saved = conn.socket_timeout
-    conn.socket_timeout = _left(end)
-    try:
-        return await conn.read_response()   # a timeout raises TimeoutError and disconnects
-    finally:
-        conn.socket_timeout = saved
+    With :func:`_parse` over the connection's stream (see :class:`_Replies`): redis.asyncio's
+    ``read_response`` adds a timeout context and three layers of coroutines per reply. Where
+    replies are decoded to ``str``, through ``read_response``, bounded by the connection's
+    ``socket_timeout`` (its ``timeout`` argument answers None when time runs out and keeps
+    the connection with the reply still to come)."""
+    if conn.encoder.decode_responses:
+        saved = conn.socket_timeout
+        if end is not None:
+            conn.socket_timeout = _left(end)
+        try:
+            return await conn.read_response()   # a timeout raises TimeoutError and disconnects
+        finally:
+            conn.socket_timeout = saved
+    while True:
+        reply = await _aread_one(conn, end)
+        if reply.__class__ is not _Push:
+            break
+        handled = conn._parser.handle_push_response(list(reply))
+        if inspect.isawaitable(handled):
+            await handled
+    if isinstance(reply, rex.ResponseError):
+        try:
+            raise reply
+        finally:
+            del reply
+    return reply
+
+
+async def _aread_one(conn: Any, end: float | None) -> Any:
+    """One reply (or push message) from ``conn``'s stream, by :func:`_parse`, within ``end``."""
+    stream = conn._reader
+    if stream is None:
+        raise rex.ConnectionError("the connection was closed")
+    state = conn.__dict__.get("ylock_in")
+    if state is None or state[0] is not stream:      # a new stream (a reconnection): no old bytes
+        state = conn.ylock_in = [stream, b""]
+    buf = state[1]
+    error = conn._parser.parse_error
+    while True:
+        if buf:
+            try:
+                reply, at = _parse(buf, 0, error)
+            except _Incomplete:
+                pass
+            else:
+                state[1] = buf[at:]
+                return reply
+        left = conn.socket_timeout if end is None else end - time.monotonic()
+        try:
+            if left is not None and left <= 0:
+                raise TimeoutError
+            async with _async_timeout(left):
+                data = await stream.read(65536)
+        except (TimeoutError, asyncio.TimeoutError):
+            await conn.disconnect(nowait=True)
+            raise rex.TimeoutError(f"Timeout reading from {conn._host_error()}") from None
+        except OSError as exc:
+            await conn.disconnect(nowait=True)
+            raise rex.ConnectionError(f"Error while reading from {conn._host_error()} : {exc.args}") from None
+        if not data:
+            await conn.disconnect(nowait=True)
+            raise rex.ConnectionError("Connection closed by server.")
+        buf = state[1] = buf + data if buf else data
 
 
 async def _aconnect(conn: Any, left: float | None) -> None:
