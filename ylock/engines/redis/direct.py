@@ -348,8 +348,8 @@ class _Replies:
     """Read a connection's replies straight from its socket with :func:`_parse`.
     redis-py's ``read_response`` goes through four layers of Python (the connection's, the
     parser's, a buffered socket over a ``BytesIO``) for every reply: for the lock path's
-    small replies, measured in the same process on the benchmark machine, a round trip
-    cost 14 µs more client CPU through it than through this (``bench/README.md``). The
+    small replies, a round trip cost 14 µs more client CPU through it than through this
+    (the two timed in turns on one connection of the benchmark machine, 10 rounds). The
     same results and errors as redis-py's RESP2 and RESP3 parsers (their ``parse_error``
     makes the error replies' exceptions; a push message goes to their
     ``handle_push_response``, and the reply after it is read). Not hiredis's reader: the lock
