@@ -157,6 +157,7 @@ def test_the_asyncio_lock_path_reads_every_reply_as_redis_asyncio_does(redis_ser
                             ("INCR", "ylock-adirect-p"))
         assert await call.many(("GET", "ylock-adirect-p"), ("ECHO", "after")) == [b"2", b"after"]
         assert len(call.idle) == 1 and call.idle[0].protocol in (protocol, str(protocol))
+        assert "ylock_in" in call.idle[0].__dict__      # read by the lock path's reader, not redis.asyncio's
         await pool.disconnect()
 
     asyncio.run(main())

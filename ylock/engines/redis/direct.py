@@ -394,20 +394,26 @@ class _Replies:
         return reply
 
     def _read(self, sock: Any) -> Any:
-        buf = self.buf
-        while True:
-            if buf:
-                try:
-                    reply, end = _parse(buf, 0, self.conn._parser.parse_error)
-                except _Incomplete:
-                    pass
-                else:
-                    self.buf = buf[end:]
-                    return reply
+        error = self.conn._parser.parse_error
+        while (got := _split(self.buf, error)) is None:
             data = sock.recv(65536)
             if not data:
                 raise rex.ConnectionError("Connection closed by server.")
-            buf = self.buf = buf + data if buf else data
+            self.buf += data
+        reply, self.buf = got
+        return reply
+
+
+def _split(buf: bytes, error: Any) -> tuple[Any, bytes] | None:
+    """The first whole reply in ``buf`` (see :func:`_parse`) and the bytes after it, or None
+    if ``buf`` ends before a reply does."""
+    if not buf:
+        return None
+    try:
+        reply, end = _parse(buf, 0, error)
+    except _Incomplete:
+        return None
+    return reply, buf[end:]
 
 
 def _parse(buf: bytes, at: int, error: Any) -> tuple[Any, int]:
@@ -704,17 +710,8 @@ async def _aread_one(conn: Any, end: float | None) -> Any:
     state = conn.__dict__.get("ylock_in")
     if state is None or state[0] is not stream:      # a new stream (a reconnection): no old bytes
         state = conn.ylock_in = [stream, b""]
-    buf = state[1]
     error = conn._parser.parse_error
-    while True:
-        if buf:
-            try:
-                reply, at = _parse(buf, 0, error)
-            except _Incomplete:
-                pass
-            else:
-                state[1] = buf[at:]
-                return reply
+    while (got := _split(state[1], error)) is None:
         left = conn.socket_timeout if end is None else end - time.monotonic()
         try:
             if left is not None and left <= 0:
@@ -730,7 +727,9 @@ async def _aread_one(conn: Any, end: float | None) -> Any:
         if not data:
             await conn.disconnect(nowait=True)
             raise rex.ConnectionError("Connection closed by server.")
-        buf = state[1] = buf + data if buf else data
+        state[1] += data
+    reply, state[1] = got
+    return reply
 
 
 async def _aconnect(conn: Any, left: float | None) -> None:
