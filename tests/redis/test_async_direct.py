@@ -125,6 +125,25 @@ def test_the_lock_paths_packer_refuses_what_redis_py_refuses_and_defers_to_other
     assert _packer(redis.asyncio.Connection(encoding_errors="replace")) != _pack
 
 
+def test_script_calls_are_packed_once_and_the_memory_of_them_is_bounded(monkeypatch):
+    from ylock.engines.redis import direct
+
+    monkeypatch.setattr(direct, "_PACKED", {})
+    monkeypatch.setattr(direct, "PACKED", 3)
+    conn = redis.Connection()
+    call = ("EVALSHA", "a" * 40, 1, "ylock:{g:n}:x", "host:1:ab:42", "write", "110", 30000, 1500, "")
+    first = direct._pack(*call)
+    assert direct._pack(*call) is first                     # remembered, not packed again
+    assert b"".join(first) == b"".join(conn.pack_command(*call))
+    # A float, a buffer, or a command other than a script call is packed every time.
+    for args in (call[:7] + (2.5,) + call[8:], ("EVALSHA", "a" * 40, 0, bytearray(b"x")), ("BLPOP", "k", 1)):
+        assert direct._pack(*args) is not direct._pack(*args)
+        assert b"".join(direct._pack(*args)) == b"".join(conn.pack_command(*args))
+    assert list(direct._PACKED) == [call]
+    for lease in range(10):                                 # many locks: it starts again, never grows past 3
+        direct._pack(*call[:7], lease, *call[8:])
+        assert 1 <= len(direct._PACKED) <= 3
+
 @pytest.mark.parametrize("protocol", [2, 3])
 def test_the_asyncio_lock_path_reads_every_reply_as_redis_asyncio_does(redis_server, protocol):
     from tests.redis.test_direct import _SHAPES

@@ -2,10 +2,14 @@
 one, so still increasing after the fence key expired."""
 from __future__ import annotations
 
+import re
+
+import pytest
 import redis
 
 import ylock
 from tests.helpers import Runner, wait_until, waiters
+from ylock.engines.redis.scripts import fill
 
 
 def test_tokens_follow_the_server_clock_and_rise_across_the_fence_expiring(redis_server, group):
@@ -34,6 +38,42 @@ def test_tokens_follow_the_server_clock_and_rise_across_the_fence_expiring(redis
 def _server_us(client: redis.Redis) -> int:
     seconds, micros = client.time()
     return int(seconds) * 1_000_000 + int(micros)
+
+
+def test_the_token_written_with_the_lock_is_the_one_given(redis_server, group):
+    # An uncontended grant writes its token (the server clock in µs) as TIME's two parts,
+    # the microseconds padded to six digits: the holder's key and the fence carry the number
+    # the caller was given.
+    engine = ylock.engine_from_url(redis_server.url)
+    lock = ylock.Lock(engine, group, "written")
+    client = redis.Redis.from_url(redis_server.url)
+    for _ in range(20):
+        with lock:
+            owner, token = client.get(f"ylock:{{{group}:written}}:x").decode().rsplit("|", 1)
+            assert token == str(lock.token) and owner
+            assert client.get(f"ylock:{{{group}:written}}:f").decode() == token
+    engine.close()
+
+
+@pytest.mark.parametrize("micros", ["0", "7", "12345", "99999", "100000", "999999"])
+def test_the_scripts_write_the_clock_s_microseconds_with_their_leading_zeros(redis_server, micros):
+    # The scripts' own clock helpers, with TIME answering ``micros`` (Redis gives them
+    # without leading zeros): the token's digits are those of the number.
+    from importlib import resources
+
+    common = resources.files("ylock.engines.redis").joinpath("lua", "common.lua").read_text()
+    helpers = re.split(r"^--@functions.*$", common, flags=re.M)[0]      # as scripts.py reads it
+    fake_time = ("local real = redis\n"
+                 "local redis = {call = function(cmd, ...) if cmd == 'TIME' then return {'1764138000', ARGV[1]} end "
+                 "return real.call(cmd, ...) end}\n")
+    script = (fake_time + fill(helpers, 300000, 0)
+              + "\nlocal tok = next_token()\nreturn {tostring(tok == now_us()), fmt(tok)}")
+    client = redis.Redis.from_url(redis_server.url)
+    client.delete("ylock:{t:clock}:f")
+    same, digits = client.eval(script, 1, "ylock:{t:clock}:x", micros)
+    assert same == b"true" and int(digits) == 1764138000 * 1_000_000 + int(micros)
+    assert digits.decode() == str(1764138000 * 1_000_000 + int(micros))
+    assert client.get("ylock:{t:clock}:f") == digits
 
 
 def test_a_fence_ahead_of_the_clock_is_respected(redis_server, group):

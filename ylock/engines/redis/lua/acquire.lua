@@ -14,27 +14,26 @@
 local o, mode, wlease = ARGV[1], ARGV[2], tonumber(ARGV[5])
 local lease = math.min(tonumber(ARGV[4]), wlease)
 local lease_px = lease == wlease and ARGV[5] or ARGV[4]   -- the same, as sent (see RETENTION)
-local fair = string.sub(ARGV[3], 1, 1) == '1'
-local stay = string.sub(ARGV[3], 2, 2) == '1'
 local queued = string.sub(ARGV[3], 3, 3) == '1'
 
-if mode == 'write' and not queued then
-  -- Fast path for a writer: nobody holds, nobody waits.
-  if redis.call('EXISTS', K.x, K.q, K.s) == 0 then
-    fast_note(o, ARGV[6], lease_px)
-    return grant_write(o, lease_px)
-  end
-  -- A fair writer asking while another writer holds can neither enter nor be granted:
-  -- it only joins the queue (the holder's release evicts dead waiters and hands on).
-  if fair and stay then
-    local v = redis.call('GET', K.x)
-    if v and string.match(v, '^(.*)|%d+$') ~= o then
-      redis.call('RPUSH', K.q, o)
-      redis.call('SET', base .. ':w:' .. o, 'write|' .. ARGV[4] .. '|' .. fmt(clock()) .. '|' .. ARGV[5] .. '|1',
-                 'PX', wlease)
-      note(o, ARGV[6], wlease)
-      return {0, redis.call('PTTL', K.x)}
-    end
+-- Fast path for a writer: nobody holds, nobody waits.
+if mode == 'write' and not queued and redis.call('EXISTS', K.x, K.q, K.s) == 0 then
+  fast_note(o, ARGV[6], lease_px)
+  return grant_write(o, lease_px)
+end
+
+local fair = string.sub(ARGV[3], 1, 1) == '1'
+local stay = string.sub(ARGV[3], 2, 2) == '1'
+-- A fair writer asking while another writer holds can neither enter nor be granted:
+-- it only joins the queue (the holder's release evicts dead waiters and hands on).
+if mode == 'write' and not queued and fair and stay then
+  local v = redis.call('GET', K.x)
+  if v and string.match(v, '^(.*)|%d+$') ~= o then
+    redis.call('RPUSH', K.q, o)
+    redis.call('SET', base .. ':w:' .. o, 'write|' .. ARGV[4] .. '|' .. fmt(clock()) .. '|' .. ARGV[5] .. '|1',
+               'PX', wlease)
+    note(o, ARGV[6], wlease)
+    return {0, redis.call('PTTL', K.x)}
   end
 end
 
