@@ -11,6 +11,14 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ylock.owner import after_fork
+
+#: The jitter's own generator: a library must not draw from (and so shift) the ``random``
+#: module's, which an application or its tests may have seeded to replay a run. Seeded
+#: anew in every forked child, or the workers of a preforking server would draw the same.
+_jitter = random.Random()
+after_fork(_jitter.seed)
+
 
 @dataclass(frozen=True)
 class Polling:
@@ -50,7 +58,7 @@ class Polling:
         interval = self.initial
         while True:
             if self.jitter:
-                yield interval * (1.0 - self.jitter * random.random())
+                yield interval * (1.0 - self.jitter * _jitter.random())
             else:
                 yield interval
             interval = min(self.maximum, interval * self.multiplier)
