@@ -153,7 +153,9 @@ class Bench:
         zk_engine = peers.ylock_engine(f"zookeeper://{self.zk.hosts}/bench")
         local = peers.ylock_engine("local://")
         n = uuid.uuid4().hex[:8]
-        stops: list[Callable[[], Any]] = [zk.stop]
+        # (ylock's engines closed too: a ZooKeeper client left open reconnects forever to the
+        # server the bench stops at its end.)
+        stops: list[Callable[[], Any]] = [zk.stop, engine.close, zk_engine.close, local.close]
 
         def tooz(url: str, name: str) -> Callable[[], None]:
             coordinator = peers.tooz_coordinator(url)
@@ -302,6 +304,8 @@ class Bench:
                     "release": stats([x["release"] for x in samples]),
                     "all_in": stats([x["all_in"] for x in samples])}
         zk.stop()
+        engine.close()
+        zk_engine.close()
         self.results["readers_behind_writer_ms"] = rows
 
     # -- many holds ----------------------------------------------------------------------------------
@@ -326,6 +330,7 @@ class Bench:
         lost = sum(locks[name].lost for name in names)
         for name in names:
             locks.unlock(name)
+        engine.close()
         self.results["many_holds"] = {
             "ylock": {"holds": count, "seconds": wall, "renewals": sum(batches), "batches": len(batches),
                       "round_trips_per_renewal_period": pipelines / renew_periods, "cpu_seconds": cpu,

@@ -31,11 +31,13 @@ def test_killed_holder_frees_the_lock_within_the_session_timeout(zookeeper_serve
     kind, token = parent.recv()
     os.kill(proc.pid, signal.SIGKILL)
     killed = time.monotonic()
-    lock = ylock.Lock(ylock.engine_from_url(url), group, "n")
+    engine = ylock.engine_from_url(url)
+    lock = ylock.Lock(engine, group, "n")
     lock.lock(timeout=20)
     elapsed = time.monotonic() - killed
     assert lock.token > token
     lock.unlock()
+    engine.close()
     proc.join(5)
     assert elapsed < 2.0 * 1.5 + 1.0, elapsed         # the server expires the session (negotiated <= 2 s)
 
@@ -57,11 +59,16 @@ def test_expired_session_marks_holds_lost(zookeeper_server, group):
     assert lock.lost
     with pytest.raises(ylock.LockLost):
         lock.unlock()
-    other = ylock.Lock(ylock.engine_from_url(zookeeper_server.url("/expire")), group, "n")
+    other_engine = ylock.engine_from_url(zookeeper_server.url("/expire"))
+    other = ylock.Lock(other_engine, group, "n")
     assert other.try_lock(10)
     other.unlock()
     assert lock.try_lock(10)                           # the engine reconnects with a new session
     lock.unlock()
+    # (Engines left open would go on reconnecting, in the background of later tests, to
+    # servers stopped by then.)
+    for each in (engine, other_engine):
+        each.close()
 
 
 def test_leader_killed_under_load_nothing_hangs(group, tmp_path):
@@ -77,6 +84,7 @@ def test_leader_killed_under_load_nothing_hangs(group, tmp_path):
             # holds exclude each other across the election (a holder whose session ended is told).
             verdicts = load.stop(join=15)
         print("leader killed:", load.outcomes, verdicts)
+        engine.close()
     finally:
         ensemble.stop()
 
@@ -102,6 +110,7 @@ def test_quorum_lost_fails_within_timeouts_and_recovers(group):
             node.start()
         ensemble.wait_serving()
         wait_until(lambda: _try(lock), timeout=60, what="locking to work again")
+        engine.close()
     finally:
         ensemble.stop()
 
@@ -139,6 +148,8 @@ def test_force_release_is_seen_however_soon_it_comes(zookeeper_server, group):
             waiter.join(10)
             assert not waiter.is_alive()
             other.force_release(group, name)      # whatever the waiter (dropped with the holder) did next
+    engine.close()
+    other.close()
 
 
 def _take_and_give_back(engine: ylock.Engine, group: str, name: str) -> None:

@@ -75,17 +75,25 @@ def test_a_ticket_never_adopted_frees_after_its_lease(url: str, group: str) -> N
     lock.lock()
     lock.detach()
     started = time.monotonic()
-    other = ylock.Lock(ylock.engine_from_url(url), group, "job")
+    other_engine = ylock.engine_from_url(url)
+    other = ylock.Lock(other_engine, group, "job")
     assert other.try_lock(10) is True
     assert time.monotonic() - started < 1.0 + 1.5                         # the lease bounds it
+    other.unlock()
+    for each in (engine, other_engine):
+        each.close()
 
 
 def test_zookeeper_refuses_a_ticket_from_another_process(zookeeper_server, group) -> None:
     import ylock
 
     url = zookeeper_server.url("/tickets")
-    lock = ylock.Lock(ylock.engine_from_url(url), group, "job")
+    engine = ylock.engine_from_url(url)
+    lock = ylock.Lock(engine, group, "job")
     lock.lock()
     ticket = lock.detach()._replace(process="another-host:1:abc")
+    other = ylock.engine_from_url(url)
     with pytest.raises(ylock.ConfigurationError, match="only in the process that detached it"):
-        ylock.Lock.adopt(ylock.engine_from_url(url), ticket)
+        ylock.Lock.adopt(other, ticket)
+    for each in (engine, other):
+        each.close()
