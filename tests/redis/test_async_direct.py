@@ -140,6 +140,8 @@ def test_script_calls_are_packed_once_and_the_memory_of_them_is_bounded(monkeypa
         assert direct._pack(*args) is not direct._pack(*args)
         assert b"".join(direct._pack(*args)) == b"".join(conn.pack_command(*args))
     assert list(direct._PACKED) == [call]
+    long = call[:9] + ("x" * direct.PACKED_SIZE,)             # a long context: packed, not kept
+    assert direct._pack(*long) is not direct._pack(*long) and list(direct._PACKED) == [call]
     for lease in range(10):                                 # many locks: it starts again, never grows past 3
         direct._pack(*call[:7], lease, *call[8:])
         assert 1 <= len(direct._PACKED) <= 3

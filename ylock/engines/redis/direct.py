@@ -292,7 +292,7 @@ def _pack(*args: Any) -> list[bytes]:
             arg = _encode(arg)          # floats, buffers; what redis-py refuses raises its DataError
         append(b"$%d\r\n%b\r\n" % (len(arg), arg))
     packed = [b"".join(out)]
-    if plain and args[0] == "EVALSHA":
+    if plain and args[0] == "EVALSHA" and len(packed[0]) <= PACKED_SIZE:
         if len(_PACKED) >= PACKED:
             _PACKED.clear()
         _PACKED[args] = packed
@@ -302,6 +302,9 @@ def _pack(*args: Any) -> list[bytes]:
 #: How many packed script calls :func:`_pack` remembers (then it starts again: a process
 #: that uses more locks at once than this packs most calls anew, as before).
 PACKED = 1024
+#: The longest packed call it remembers, in bytes (a lock's calls are about 150; a long
+#: ``ylock.context``, mostly different every time, is not worth keeping): at most 512 KB in all.
+PACKED_SIZE = 512
 #: The packed script calls, by their arguments: only calls whose arguments are all str,
 #: int and bytes are kept. (A float equal to a kept int, which the lock path never sends,
 #: would find the int's packing: the same number to Redis.)
