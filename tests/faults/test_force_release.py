@@ -24,18 +24,22 @@ class Case:
     url: str
     lease: float | None         # the holder's (None: the engine's default)
     release_within: float       # force_release()'s own time
-    told_within: float          # from the force-release to the holder told it lost the lock
+    told_within: float          # from the force-release to the holder told it lost the lock (median)
     told_why: str
+    #: The same, for every one of the 30 tries: on a busy machine one renewal may come late
+    #: (the renewal thread waits for the CPU), but never past the lease after which the
+    #: holder counts itself lost anyway.
+    told_at_worst: float
 
 
 @pytest.fixture(params=["redis", "zookeeper"])
 def case(request: pytest.FixtureRequest, group: str) -> Case:
     if request.param == "redis":
         lease = 1.2
-        return Case(request.getfixturevalue("redis_server").url, lease, 0.1 + SLACK, lease / 3 + SLACK,
-                    f"lease {lease} s: a third is {lease / 3:.1f} s")
+        return Case(request.getfixturevalue("redis_server").url, lease, 0.1 + SLACK, lease / 3 + SLACK / 2,
+                    f"lease {lease} s: a third is {lease / 3:.1f} s", lease + SLACK)
     return Case(request.getfixturevalue("zookeeper").url(f"/{group}"), None, 2.0 + SLACK, 2.0,
-                "the deleted node's watch")
+                "the deleted node's watch", 2.0)
 
 
 def test_force_release_with_a_queued_waiter(case, engines, journal, group, figures):
@@ -70,6 +74,8 @@ def test_force_release_with_a_queued_waiter(case, engines, journal, group, figur
         handover.append(min(w_record.granted, c_record.granted) - released.started)
     verdict = journal.check()
     assert min(handover) >= 0, "W or C got the lock before the force-release"
-    assert max(told) < case.told_within, f"the force-released holder was told late: after {max(told):.3f} s"
+    median_told = sorted(told)[len(told) // 2]
+    assert median_told < case.told_within, f"the force-released holder was told late: median {median_told:.3f} s"
+    assert max(told) < case.told_at_worst, f"the force-released holder was told late: after {max(told):.3f} s"
     figures(f"force-release -> holder told lost after max {max(told):.3f} s ({case.told_why}); next holder in "
             f"after median {sorted(handover)[len(handover) // 2]:.3f} s, max {max(handover):.3f} s; {verdict}")
