@@ -140,7 +140,16 @@ def test_downgrade_admits_queued_readers_and_no_writer(engine, group):
     wait_until(lambda: len(waiters(engine, group, "n")) == 1, what="the reader queued")
     w = Runner(writer)
     w.start()
-    wait_until(lambda: len(waiters(engine, group, "n")) == 2, what="the writer queued behind it")
+    listed: list[list[str]] = [[]]            # what describe() listed last (a failure says it)
+
+    def both_queued() -> bool:
+        listed[0] = waiters(engine, group, "n")
+        return len(listed[0]) == 2
+    try:
+        wait_until(both_queued, what="the writer queued behind it")
+    except AssertionError as exc:
+        writer_state = "still running" if w.is_alive() else f"ended: {w.error!r}"
+        raise AssertionError(f"{exc}; describe() last listed {listed[0]}; the writer's thread {writer_state}") from None
     holder.rlock()
     holder.unlock()                                   # downgraded: holds read only
     assert reader_in.wait(10), "the queued reader did not get in after the downgrade"

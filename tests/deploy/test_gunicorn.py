@@ -6,8 +6,10 @@ workers' boot instead of answering 500s."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import httpx
@@ -36,6 +38,7 @@ from tests.deploy.helpers import (
     serving,
     wait_embedded_gone,
 )
+from ylock.owner import current_owner
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -172,7 +175,10 @@ def test_more_waiting_threads_than_the_pool_holds(redis_url):
     errors: list[Exception] = []
     got: list[bool] = []
 
+    owners: dict[threading.Thread, str] = {}
+
     def wait() -> None:
+        owners[threading.current_thread()] = current_owner()
         try:
             got.append(lock.try_lock(20))
             lock.unlock()
@@ -189,7 +195,8 @@ def test_more_waiting_threads_than_the_pool_holds(redis_url):
         seen: set[str] = set()
         deadline = time.monotonic() + 30
         while len(errors) + len(seen) < 150:
-            assert time.monotonic() < deadline, f"{len(seen)} of 150 threads seen queued, errors: {errors[:1]}"
+            assert time.monotonic() < deadline, (f"{len(seen)} of 150 threads seen queued, errors: {errors[:1]}; "
+                                                 + _where_they_are(threads, owners, seen))
             seen.update(w for i in observer.describe("pool") for w in i.waiters)
             time.sleep(0.05)
     finally:
@@ -203,6 +210,16 @@ def test_more_waiting_threads_than_the_pool_holds(redis_url):
         observer.close()
     assert not errors, f"{len(errors)} of 150 waiters failed, e.g. {errors[0]!r}"
     assert got == [True] * 150
+
+
+def _where_they_are(threads: list[threading.Thread], owners: dict[threading.Thread, str], seen: set[str]) -> str:
+    """Where the threads never seen queued are (for a failure's message): how many still run,
+    and the stack of one of them."""
+    unseen = [t for t in threads if t.is_alive() and f"write:{owners.get(t)}" not in seen]
+    frames = sys._current_frames()
+    at = frames.get(unseen[0].ident or 0) if unseen else None
+    stack = "".join(traceback.format_stack(at)[-10:]) if at is not None else ""
+    return f"{len(unseen)} never seen and still running ({len(threads) - len(owners)} not started); one at:\n{stack}"
 
 
 # -- startup errors -------------------------------------------------------------------------------
