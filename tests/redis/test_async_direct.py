@@ -146,6 +146,7 @@ def test_script_calls_are_packed_once_and_the_memory_of_them_is_bounded(monkeypa
         direct._pack(*call[:7], lease, *call[8:])
         assert 1 <= len(direct._PACKED) <= 3
 
+
 @pytest.mark.parametrize("protocol", [2, 3])
 def test_the_asyncio_lock_path_reads_every_reply_as_redis_asyncio_does(redis_server, protocol):
     from tests.redis.test_direct import _SHAPES

@@ -135,3 +135,21 @@ def test_asyncio_tasks_on_a_cluster_are_handed_the_lock_without_waiting_for_a_po
         return took
     took = asyncio.run(main())
     assert took < 2.0, f"the queued task got the lock {took:.2f} s after the release (a poll is 4 s)"
+
+
+def test_a_writer_that_downgraded_keeps_saying_what_it_does(redis_engine, group):
+    # Releasing the write lock while still reading (no queue): the release must see the
+    # reader (itself) and keep its note, which describe() shows; once it stops reading, the
+    # note goes.
+    lock = ylock.Lock(redis_engine, group, "down")
+    with ylock.context("rebuilding the index"):
+        lock.lock()
+    lock.rlock()
+    lock.unlock()
+
+    def said() -> dict:
+        info = next(i for i in redis_engine.describe(group) if i.name == "down")
+        return dict(info.context.get(ylock.current_owner(), {}))
+    assert said().get("what") == "rebuilding the index" and lock.held("read")
+    lock.runlock()
+    assert not any(i.name == "down" for i in redis_engine.describe(group))

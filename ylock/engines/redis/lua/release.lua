@@ -26,10 +26,10 @@ if mode == 'write' then
   local head = ours and redis.call('LPOP', K.q)
   -- Whether any reader holds: it decides both whether our note goes (a writer that
   -- downgraded still reads) and whether a writer at the head may take over. Told by the
-  -- EXISTS above when both or only the queue (which had a head) are there.
+  -- EXISTS above: both keys, or one of them, the queue if the LPOP found a head.
   local readers
   if there == 2 then readers = true
-  elseif head then readers = false
+  elseif ours then readers = not head
   else readers = redis.call('EXISTS', K.s) == 1 end
   local gone = {}                           -- keys to delete, in one DEL at the end
   if held == 1 and not (readers and redis.call('ZSCORE', K.s, o)) then
