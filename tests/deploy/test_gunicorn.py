@@ -6,16 +6,11 @@ workers' boot instead of answering 500s."""
 from __future__ import annotations
 
 import contextlib
-import sys
-import threading
-import time
-import traceback
 from pathlib import Path
 
 import httpx
 import pytest
 
-import ylock
 from tests.deploy.helpers import (
     EMBEDDED_FILES,
     EMBEDDED_FILES_AFTER,
@@ -38,7 +33,6 @@ from tests.deploy.helpers import (
     serving,
     wait_embedded_gone,
 )
-from ylock.owner import current_owner
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -163,63 +157,6 @@ def test_gevent_workers_with_more_greenlets_than_the_pool_holds(tmp_path, reques
     assert not srv.leftovers()
     assert_nothing_held(redis_url)
     record(request, figures("django gunicorn gevent redis", result, lost=0))
-
-
-def test_more_waiting_threads_than_the_pool_holds(redis_url):
-    """What gevent (or gthread with --threads 150) meets with the default pool: 150 threads of
-    one process wait for one lock. Waiting holds no connection, and the holder's release
-    finds one."""
-    engine = ylock.engine_from_url(redis_url)
-    observer = ylock.engine_from_url(redis_url)
-    lock = ylock.Lock(engine, "pool", lease=2)     # a failed release costs 2 s, not 30
-    errors: list[Exception] = []
-    got: list[bool] = []
-
-    owners: dict[threading.Thread, str] = {}
-
-    def wait() -> None:
-        owners[threading.current_thread()] = current_owner()
-        try:
-            got.append(lock.try_lock(20))
-            lock.unlock()
-        except ylock.LockError as exc:
-            errors.append(exc)
-    lock.lock()
-    threads = [threading.Thread(target=wait) for _ in range(150)]
-    try:
-        for thread in threads:
-            thread.start()
-        # Every thread queued (each seen in the queue once: on a loaded machine a waiter whose
-        # poll came late drops out of the queue for a moment and queues again on its next
-        # poll, so all 150 are not always there at one instant).
-        seen: set[str] = set()
-        deadline = time.monotonic() + 30
-        while len(errors) + len(seen) < 150:
-            assert time.monotonic() < deadline, (f"{len(seen)} of 150 threads seen queued, errors: {errors[:1]}; "
-                                                 + _where_they_are(threads, owners, seen))
-            seen.update(w for i in observer.describe("pool") for w in i.waiters)
-            time.sleep(0.05)
-    finally:
-        try:
-            lock.unlock()
-        except ylock.LockError as exc:      # the holder's own release: the lock stays held for its lease
-            errors.append(exc)
-        for thread in threads:
-            thread.join(60)
-        engine.close()
-        observer.close()
-    assert not errors, f"{len(errors)} of 150 waiters failed, e.g. {errors[0]!r}"
-    assert got == [True] * 150
-
-
-def _where_they_are(threads: list[threading.Thread], owners: dict[threading.Thread, str], seen: set[str]) -> str:
-    """Where the threads never seen queued are (for a failure's message): how many still run,
-    and the stack of one of them."""
-    unseen = [t for t in threads if t.is_alive() and f"write:{owners.get(t)}" not in seen]
-    frames = sys._current_frames()
-    at = frames.get(unseen[0].ident or 0) if unseen else None
-    stack = "".join(traceback.format_stack(at)[-10:]) if at is not None else ""
-    return f"{len(unseen)} never seen and still running ({len(threads) - len(owners)} not started); one at:\n{stack}"
 
 
 # -- startup errors -------------------------------------------------------------------------------
