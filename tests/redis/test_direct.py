@@ -3,6 +3,7 @@ replaced once, an error reply keeps the connection, a timeout never leaves a sta
 behind, and threads that come and go do not grow the number of connections."""
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -10,6 +11,7 @@ import pytest
 import redis
 
 import ylock
+from tests.helpers import wait_until
 from ylock.engines.redis.direct import DirectCalls
 from ylock.testing.redis import RedisServer
 
@@ -204,4 +206,47 @@ def test_a_reconnection_starts_with_no_bytes_of_the_old_socket(redis_server):
         conn.ylock_read.buf = b"$8\r\nleftover\r\n"
     conn.disconnect()                # e.g. a call interrupted before it read its reply
     assert call("ECHO", "fresh") == b"fresh"      # a new socket: not the rest of the old reply
+    pool.disconnect()
+
+
+def _read_into(read: object, got: list[object], count: int) -> None:
+    got.extend(read() for _ in range(count))  # type: ignore[operator]
+
+
+def test_integer_replies_read_whole_split_or_several_to_a_read(redis_server):
+    """The reader's shortcut for a lone integer reply (the lock path's usual one) hands every
+    other arrangement to the parser: an integer cut across two reads, two replies in one
+    read, an integer then a bulk string; an empty read is the server gone."""
+    pool = redis.ConnectionPool.from_url(redis_server.url)
+    call = DirectCalls(pool)
+    assert call("SET", "ylock-direct-i", "0") == b"OK"
+    conn = call.idle[0]
+    read = conn.ylock_read
+    ours, theirs = socket.socketpair()
+    real, conn._sock = conn._sock, ours
+    try:
+        for chunks, expected in [([b":-42\r\n"], [-42]),
+                                 ([b":12", b"34\r\n"], [1234]),
+                                 ([b":5\r\n:6\r\n"], [5, 6]),
+                                 ([b":7\r\n$2\r\nab\r\n"], [7, b"ab"]),
+                                 ([b":8\r", b"\n"], [8])]:
+            got: list[object] = []
+            reader = threading.Thread(target=_read_into, args=(read, got, len(expected)))
+            reader.start()
+            for i, chunk in enumerate(chunks):
+                if i:      # the reader has taken the first part alone: the rest comes in a read of its own
+                    wait_until(lambda c=chunks[0]: read.buf == c, what="the first part read")
+                theirs.sendall(chunk)
+            reader.join(10)
+            assert got == expected and read.buf == b"", (chunks, got)
+        theirs.close()
+        with pytest.raises(redis.exceptions.ConnectionError, match="closed by server"):
+            read()
+    finally:
+        ours.close()
+        conn._sock = real
+        conn.disconnect()
+    # and against the server: pipelined INCRs, their replies mostly in one read
+    assert call.many(*[("INCR", "ylock-direct-i")] * 50) == list(range(1, 51))
+    assert call("INCR", "ylock-direct-i") == 51
     pool.disconnect()

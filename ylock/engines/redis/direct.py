@@ -125,7 +125,8 @@ class DirectCalls:
             conn = self.idle.pop()
         except IndexError:
             conn = self.checkout(end)
-        self._refresh(conn)
+        if conn.__dict__.get("ylock_epoch") != self.epoch or self._sentinel:     # see _refresh
+            self._refresh(conn)
         try:
             try:
                 _send(conn, args, end)
@@ -386,7 +387,8 @@ class _Replies:
     path's replies are mostly one integer, which :func:`_parse` reads in under a
     microsecond, and a second reader would be a path that the suite (which runs without
     hiredis) does not test; with hiredis installed, redis-py's own calls still use it. A
-    new socket (a reconnection) starts with an empty buffer."""
+    new socket (a reconnection) starts with an empty buffer. A lone integer reply that one read
+    brings whole (an acquisition's token, a release's answer) skips the parser."""
 
     __slots__ = ("conn", "sock", "buf")
 
@@ -403,6 +405,14 @@ class _Replies:
                 raise rex.ConnectionError("the connection was closed")
             self.sock, self.buf = sock, b""
         try:
+            if not self.buf:
+                # The lock path's usual reply, one integer alone in one read, without the parser.
+                data = sock.recv(65536)
+                if data and data[0] == 58 and data.find(b"\r\n") == len(data) - 2:     # ":"
+                    return int(data[1:-2])
+                if not data:
+                    raise rex.ConnectionError("Connection closed by server.")
+                self.buf = data
             reply = self._read(sock)
             while reply.__class__ is _Push:
                 conn._parser.handle_push_response(list(reply))

@@ -88,7 +88,7 @@ from ylock.engines.redis.keys import Keys
 from ylock.engines.redis.scripts import ACQUIRE, FIRST_TRY, RELEASE, release_args
 from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
-from ylock.owner import check_fork
+from ylock.owner import _new_process, _same_process, check_fork
 
 logger = logging.getLogger(__name__)
 
@@ -406,7 +406,8 @@ class RedisEngine(Engine):
     def _run(self, name: str, key: str, args: list[Any], timeout: float | None = None) -> Any:
         """EVALSHA a script with one key, loading it again if the server lost it (a
         restart, a failover, SCRIPT FLUSH)."""
-        check_fork()      # a child of a fork made from C must not talk on its parent's sockets
+        if not _same_process[0]:      # check_fork, inline: a child of a fork made from C must
+            _new_process()            # not talk on its parent's sockets
         call = self._call or self._caller()
         script = self._scripts[name]
         try:
@@ -452,7 +453,8 @@ class RedisEngine(Engine):
     def release(self, group: str, name: str, owner: str, mode: str) -> bool:
         key = self._x_keys.get((group, name, mode)) or self._x(group, name, mode)     # see _x_keys
         try:
-            reply = self._run(RELEASE[mode], key, release_args(owner, mode), self.socket_timeout)
+            reply = self._run(RELEASE[mode], key, [owner] if mode == PERMIT else [owner, mode],  # release_args
+                              self.socket_timeout)
         except Exception as exc:
             raise self._translate(exc, group, name) from exc
         return self._released(group, name, reply)
