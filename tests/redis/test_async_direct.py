@@ -11,7 +11,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from ylock.engines.redis.direct import AsyncDirectCalls
+from ylock.engines.redis.direct import AsyncDirectCalls, _aread
 from ylock.testing.redis import RedisServer
 
 
@@ -180,6 +180,42 @@ def test_the_asyncio_lock_path_reads_every_reply_as_redis_asyncio_does(redis_ser
         assert await call.many(("GET", "ylock-adirect-p"), ("ECHO", "after")) == [b"2", b"after"]
         assert len(call.idle) == 1 and call.idle[0].protocol in (protocol, str(protocol))
         assert "ylock_in" in call.idle[0].__dict__      # read by the lock path's reader, not redis.asyncio's
+        await pool.disconnect()
+
+    asyncio.run(main())
+
+
+def test_integer_replies_read_whole_split_or_several_to_a_read(redis_server):
+    """The asyncio reader's shortcut for a lone integer reply hands every other arrangement to
+    the parser (as the threads' reader does: see tests/redis/test_direct.py)."""
+    async def main() -> None:
+        pool = redis.asyncio.ConnectionPool.from_url(redis_server.url)
+        call = AsyncDirectCalls(pool)
+        assert await call("SET", "ylock-adirect-i", "0") == b"OK"
+        conn = call.idle[0]
+        real = conn._reader
+        try:
+            for chunks, expected in [([b":-42\r\n"], [-42]),
+                                     ([b":12", b"34\r\n"], [1234]),
+                                     ([b":5\r\n:6\r\n"], [5, 6]),
+                                     ([b":7\r\n$2\r\nab\r\n"], [7, b"ab"]),
+                                     ([b":8\r", b"\n"], [8])]:
+                stream = conn._reader = asyncio.StreamReader()
+                reading = asyncio.ensure_future(asyncio.gather(*[_aread(conn, None) for _ in expected]))
+                for i, chunk in enumerate(chunks):
+                    deadline = time.monotonic() + 10
+                    while i and conn.__dict__.get("ylock_in", [None, b""])[1] != chunks[0]:
+                        assert time.monotonic() < deadline, f"the first part of {chunks} was not read alone"
+                        await asyncio.sleep(0)     # the first part read alone: the rest comes in a read of its own
+                    stream.feed_data(chunk)
+                got = await asyncio.wait_for(reading, 10)
+                assert got == expected and conn.ylock_in[1] == b"", (chunks, got)
+        finally:
+            conn._reader = real
+            await conn.disconnect()
+        # and against the server: pipelined INCRs, their replies mostly in one read
+        assert await call.many(*[("INCR", "ylock-adirect-i")] * 50) == list(range(1, 51))
+        assert await call("INCR", "ylock-adirect-i") == 51
         await pool.disconnect()
 
     asyncio.run(main())

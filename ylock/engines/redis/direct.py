@@ -767,6 +767,8 @@ async def _aread_one(conn: Any, end: float | None) -> Any:
         if not data:
             await conn.disconnect(nowait=True)
             raise rex.ConnectionError("Connection closed by server.")
+        if not state[1] and data[0] == 58 and data.find(b"\r\n") == len(data) - 2:
+            return int(data[1:-2])      # a lone integer reply, read whole: see _Replies
         state[1] += data
     reply, state[1] = got
     return reply
