@@ -247,7 +247,7 @@ class _Holding:
                 hold, await self.engine.aacquire(self._request(mode, owner, time.monotonic())))
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
-        watching = _watching()
+        watching = _watching() if events._watchers else ()
         if not watching:
             token = await self.engine.aacquire(self._request(mode, owner, deadline, context))
             return self._taken(mode, owner, token, started, timeout, raise_on_timeout)

@@ -85,7 +85,7 @@ from ylock.engines.redis.direct import (
     refused,
 )
 from ylock.engines.redis.keys import Keys
-from ylock.engines.redis.scripts import ACQUIRE, FIRST_TRY, RELEASE, release_args
+from ylock.engines.redis.scripts import ACQUIRE, FIRST_TRY, RELEASE
 from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
 from ylock.owner import _new_process, _same_process, check_fork
@@ -306,8 +306,12 @@ class RedisEngine(Engine):
             # swallowed, see arun_steps) gives back what the try may have got, as the steps do.
             task = asyncio.current_task(loop)
             cancels = cancelling(task)
+            script = self._scripts[ACQUIRE[r.mode]]
             try:
-                reply = await self._arun(side, ACQUIRE[r.mode], key, args, self.socket_timeout)
+                try:        # _arun's call, in this coroutine (one coroutine less per acquisition)
+                    reply = await side.calls("EVALSHA", script.sha, 1, key, *args, timeout=self.socket_timeout)
+                except rex.NoScriptError:
+                    reply = await self._arun(side, ACQUIRE[r.mode], key, args, self.socket_timeout)
             except asyncio.CancelledError:
                 await self._abandon_first(side, r, key, args)
                 raise
@@ -332,9 +336,14 @@ class RedisEngine(Engine):
 
     async def arelease(self, group: str, name: str, owner: str, mode: str) -> bool:
         side = self._async.get(asyncio.get_running_loop()) or await open_side(self)
+        key = self._x_keys.get((group, name, mode)) or self._x(group, name, mode)     # see _x_keys
+        args = [owner] if mode == PERMIT else [owner, mode]                             # release_args
+        script = self._scripts[RELEASE[mode]]
         try:
-            reply = await self._arun(side, RELEASE[mode], self.keys.x(group, name, mode), release_args(owner, mode),
-                                     self.socket_timeout)
+            try:            # _arun's call, in this coroutine (see aacquire)
+                reply = await side.calls("EVALSHA", script.sha, 1, key, *args, timeout=self.socket_timeout)
+            except rex.NoScriptError:
+                reply = await self._arun(side, RELEASE[mode], key, args, self.socket_timeout)
         except Exception as exc:
             raise self._translate(exc, group, name) from exc
         return self._released(group, name, reply)
