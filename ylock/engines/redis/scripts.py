@@ -13,18 +13,23 @@ __all__ = ["ACQUIRE", "FIRST_TRY", "NAMES", "RELEASE", "SOURCES", "TryFlags", "f
 
 def _script(name: str) -> str:
     """Return a script's source: the keys of ``common.lua``, then the script with the
-    helpers of ``common.lua`` spliced in at its ``--@common`` line and the queue machinery
+    helpers that grants need spliced in at its ``--@grants`` line (or first), the other
+    helpers of ``common.lua`` at its ``--@common`` line and the queue machinery
     at its ``--@queue`` line (after its fast path, so a fast call never pays for defining
     what it does not use)."""
     lua = resources.files("ylock.engines.redis").joinpath("lua")
     head, helpers = re.split(r"^--@functions.*$", lua.joinpath("common.lua").read_text(), maxsplit=1, flags=re.M)
+    keys, grants = re.split(r"^--@grants.*$", head, maxsplit=1, flags=re.M)
     body = lua.joinpath(name).read_text()
-    if not re.search(r"^--@common$", body, flags=re.M):
-        body = "--@common\n" + body
+    if not re.search(r"^--@grants$", body, flags=re.M):
+        body = "--@grants\n" + body
+    if not re.search(r"^--@common$", body, flags=re.M):      # the helpers use the grants' helpers
+        body = re.sub(r"^--@grants$", "--@grants\n--@common", body, count=1, flags=re.M)
+    body = re.sub(r"^--@grants$", lambda _: grants, body, count=1, flags=re.M)
     body = re.sub(r"^--@common$", lambda _: helpers, body, count=1, flags=re.M)
     body = re.sub(r"^--@queue$", lambda _: lua.joinpath("queue.lua").read_text(), body, count=1, flags=re.M)
     body = re.sub(r"^--@permits$", lambda _: lua.joinpath("permits.lua").read_text(), body, count=1, flags=re.M)
-    return head + "\n" + body
+    return keys + "\n" + body
 
 
 NAMES = ("acquire", "release", "renew", "describe", "force_release", "sem_acquire", "sem_release", "adopt")

@@ -5,12 +5,13 @@
 -- was to be done or a fair writer was handed the lock, else {that, evicted...}.
 local o, mode = ARGV[1], ARGV[2]
 local held = 0
+local v, mine, there
 if mode == 'write' then
-  local v = redis.call('GET', K.x)
-  local mine = v and string.match(v, '^(.*)|%d+$') == o
+  v = redis.call('GET', K.x)
+  mine = v and string.match(v, '^(.*)|%d+$') == o
   -- Nobody reads and nobody waits (the uncontended case, one command to tell): our note
-  -- and x go, if still ours; nothing else is to be done.
-  local there = redis.call('EXISTS', K.s, K.q)
+  -- and x go, if still ours; nothing else is to be done (and nothing below is defined).
+  there = redis.call('EXISTS', K.s, K.q)
   if there == 0 then
     if mine then
       redis.call('DEL', K.x, base .. ':h:' .. o)
@@ -18,6 +19,11 @@ if mode == 'write' then
     end
     return 0
   end
+end
+
+--@grants
+
+if mode == 'write' then
   if mine then held = 1 end
   -- Fast handoff: the head of the queue is a live fair writer and no reader holds (a
   -- writer that downgraded still reads): the lock goes to it here, with its waiter
