@@ -28,8 +28,8 @@ local K = {x = KEYS[1], s = base .. ':s', q = base .. ':q', t = base .. ':t', f 
 
 --@grants (the helpers that grants need, spliced at a script's --@grants line, else right here:
 -- a script that can answer before it grants anything, as an uncontended release, answers above
--- it; defining a function costs the server a fraction of a microsecond, and these ten with the
--- keys above were half the server time of a release that had nothing to hand on)
+-- it; defining a function costs the server a fraction of a microsecond: ten of them with the
+-- keys above cost 6 µs per call, measured against 5 µs for a script that only returns)
 
 -- The server clock in µs, read once per script call: a script runs atomically, so one TIME
 -- serves every stamp and token it makes (a second call would cost a command and tell
@@ -81,18 +81,7 @@ local function next_token(count)
   return first
 end
 
--- A waiter's request from its w key's value: mode, lease, since, waiter lease, fair.
-local function parse_meta(v)
-  if not v then return nil end
-  local mode, lease, since, wlease, fair = string.match(v, '^(%a+)|(%d+)|(%d+)|(%d+)|(%d)$')
-  return mode, tonumber(lease), tonumber(since), tonumber(wlease), fair == '1'
-end
 
--- Keep the shared owners' key until the latest reader deadline.
-local function extend_shared(now)
-  local last = redis.call('ZRANGE', K.s, -1, -1, 'WITHSCORES')
-  if last[2] then redis.call('PEXPIRE', K.s, math.max(1, tonumber(last[2]) - now)) end
-end
 
 -- Describe o (a new holder or waiter) for describe(): since now, doing ctx, for ttl ms.
 local function note(o, ctx, ttl)
@@ -114,6 +103,22 @@ local function grant_write(o, lease, tok)
   return tok
 end
 
+--@functions (a script's fast path runs above this line: defining the helpers below costs
+-- the server about a microsecond per call, so scripts splice them in at their --@common line)
+
+-- A waiter's request from its w key's value: mode, lease, since, waiter lease, fair.
+local function parse_meta(v)
+  if not v then return nil end
+  local mode, lease, since, wlease, fair = string.match(v, '^(%a+)|(%d+)|(%d+)|(%d+)|(%d)$')
+  return mode, tonumber(lease), tonumber(since), tonumber(wlease), fair == '1'
+end
+
+-- Keep the shared owners' key until the latest reader deadline.
+local function extend_shared(now)
+  local last = redis.call('ZRANGE', K.s, -1, -1, 'WITHSCORES')
+  if last[2] then redis.call('PEXPIRE', K.s, math.max(1, tonumber(last[2]) - now)) end
+end
+
 -- Push a token (or 'wake') to o's notify list, on which it blocks.
 local function notify(o, value, ttl)
   local n = base .. ':n:' .. o
@@ -121,9 +126,6 @@ local function notify(o, value, ttl)
   redis.call('RPUSH', n, value)
   redis.call('PEXPIRE', n, ttl)
 end
-
---@functions (a script's fast path runs above this line: defining the helpers below costs
--- the server about a microsecond per call, so scripts splice them in at their --@common line)
 
 -- The exclusive owner and its token, or nil.
 local function writer_of()

@@ -22,6 +22,7 @@ if mode == 'write' then
 end
 
 --@grants
+--@common
 
 if mode == 'write' then
   if mine then held = 1 end
@@ -82,7 +83,6 @@ if mode == 'read' then
   if redis.call('LLEN', K.q) == 0 then return held end
 end
 
---@common
 --@queue
 
 local now = clock()
