@@ -42,6 +42,7 @@ import redis
 import ylock
 from bench import peers, restricted_acl
 from bench.run import (
+    QUIET_STEAL_PCT,
     _zk_received,
     bench_parser,
     contended_run,
@@ -417,6 +418,20 @@ class Guarantees:
         return {"rounds": rounds, "rows": rows}
 
 
+def stolen(v: dict[str, Any]) -> str:
+    """A paired ratio's CPU stolen by the hypervisor, as the tables give it."""
+    steal = v.get("steal_pct")
+    return f"{steal['median']:.0f} % ({steal['max']:.0f} %)" if steal else "-"
+
+
+def quiet(v: dict[str, Any]) -> str:
+    """A paired ratio over its quiet rounds (see :func:`bench.run.paired_ratio`)."""
+    q = v.get("quiet")
+    if not q:
+        return "-"
+    return f"{q['median']:.2f} ({q['rounds']})" if q.get("rounds") else "none"
+
+
 def markdown(r: dict[str, Any]) -> str:
     m = r["machine"]
     load = r["machine"].get("load_after") or r["load_before"]
@@ -426,15 +441,20 @@ def markdown(r: dict[str, Any]) -> str:
              + (" (--quick)" if r["quick"] else "") + ".", ""]
 
     def ratio_rows(title: str, rows: dict[str, Any]) -> None:
-        lines.extend([f"**{title}** (B ÷ A in rates; CPU µs per pair, medians over the rounds)", "",
-                      "| ratio | B ÷ A | B /s | A /s | client CPU B / A | process CPU B / A | server CPU B / A |",
-                      "|---|---:|---:|---:|---:|---:|---:|"])
+        lines.extend([f"**{title}** (B ÷ A in rates; CPU µs per pair, medians over the rounds; stolen = the "
+                      "machine's CPU time the hypervisor took, the most of each round's four samples, median "
+                      f"(max) over the rounds; quiet = B ÷ A over the rounds where at most {QUIET_STEAL_PCT:.0f} % "
+                      "was stolen, and how many)", "",
+                      "| ratio | B ÷ A | B /s | A /s | client CPU B / A | process CPU B / A | server CPU B / A "
+                      "| stolen | quiet |",
+                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|"])
         for key, v in rows.items():
             a, b = v["a"], v["b"]
             server = f"{b['server_us']:.0f} / {a['server_us']:.0f}" if "server_us" in a else "-"
             lines.append(f"| {key} | {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f}) | {b['rate']:,.0f} | "
                          f"{a['rate']:,.0f} | {b['cpu_us']:.0f} / {a['cpu_us']:.0f} | "
-                         f"{b['process_cpu_us']:.0f} / {a['process_cpu_us']:.0f} | {server} |")
+                         f"{b['process_cpu_us']:.0f} / {a['process_cpu_us']:.0f} | {server} | "
+                         f"{stolen(v)} | {quiet(v)} |")
         lines.append("")
     if "ratios" in r:
         ratio_rows("Uncontended pairs", r["ratios"])

@@ -17,6 +17,12 @@ def _finite_ratio(row: dict) -> None:
     assert math.isfinite(row["median"]) and 0 < row["min"] <= row["median"] <= row["max"], row
     for side in ("a", "b"):
         assert row[side]["rate"] > 0 and row[side]["cpu_us"] > 0 and row[side]["server_us"] >= 0, row
+        assert 0 <= row[side]["steal_pct"] <= 100, row
+    # the CPU the hypervisor stole, per round, and the ratio over the rounds where it stole little
+    assert 0 <= row["steal_pct"]["min"] <= row["steal_pct"]["max"] <= 100, row
+    quiet = row["quiet"]
+    assert 0 <= quiet["rounds"] <= row["rounds"], row
+    assert quiet["rounds"] == 0 or quiet["min"] <= quiet["median"] <= quiet["max"], row
 
 
 def test_guarantees_quick_smoke(tmp_path):
@@ -46,4 +52,5 @@ def test_guarantees_quick_smoke(tmp_path):
     assert math.isfinite(results["tls"]["p50 TLS / plaintext"])
     saved = json.loads((tmp_path / "guarantees.json").read_text())
     assert saved["ratios"].keys() == results["ratios"].keys()
-    assert (tmp_path / "guarantees.md").read_text().count("|") > 50
+    md = (tmp_path / "guarantees.md").read_text()
+    assert md.count("|") > 50 and "| stolen | quiet |" in md

@@ -3,6 +3,7 @@ of the results, and that the counter catches a missing lock while ylock loses no
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -30,3 +31,17 @@ def test_bench_quick_smoke(tmp_path):
     saved = json.loads((tmp_path / "latest.json").read_text())
     assert saved["contended"].keys() == rows.keys()
     assert (tmp_path / "latest.md").read_text().count("|") > 20 and (tmp_path / "latest.png").stat().st_size > 1000
+
+
+def test_the_stolen_cpu_share_is_read_from_proc_stat():
+    """bench.run's steal figure: the hypervisor's share of the machine's CPU ticks between two
+    readings of /proc/stat (a VM whose host is busy loses rounds to it)."""
+    from bench.run import cpu_ticks, steal_pct
+
+    before = cpu_ticks()
+    deadline = time.monotonic() + 5
+    while (after := cpu_ticks())[1] == before[1]:      # until the kernel counts a tick
+        assert time.monotonic() < deadline, "/proc/stat's CPU ticks did not move in 5 s"
+    assert after[1] > before[1] > 0 and after[0] >= before[0]
+    assert 0 <= steal_pct(before, after) <= 100
+    assert steal_pct((10, 1000), (30, 1100)) == 20.0 and steal_pct((5, 5), (5, 5)) == 0.0
