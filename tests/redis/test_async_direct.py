@@ -125,6 +125,21 @@ def test_the_lock_paths_packer_refuses_what_redis_py_refuses_and_defers_to_other
     assert _packer(redis.asyncio.Connection(encoding_errors="replace")) != _pack
 
 
+def test_with_hiredis_the_lock_path_keeps_its_own_packer():
+    """With hiredis installed redis-py packs through hiredis, which encodes every str as UTF-8:
+    the bytes :func:`_pack` makes, so the lock path keeps it and its remembered script calls
+    (a latin-1 connection still gets the connection's own packer). The suite runs without
+    hiredis: a connection is given hiredis's serializer as redis-py would give it."""
+    from ylock.engines.redis.direct import _pack, _packer
+
+    conn = redis.Connection()
+    conn._command_packer = redis.connection.HiredisRespSerializer()
+    assert _packer(conn) is _pack
+    latin = redis.Connection(encoding="latin-1")
+    latin._command_packer = redis.connection.HiredisRespSerializer()
+    assert _packer(latin) == latin.pack_command
+
+
 def test_script_calls_are_packed_once_and_the_memory_of_them_is_bounded(monkeypatch):
     from ylock.engines.redis import direct
 

@@ -51,6 +51,7 @@ import threading
 import time
 from typing import Any
 
+import redis.connection
 import redis.exceptions as rex
 from redis._parsers.encoders import Encoder
 from redis.connection import PythonRespSerializer
@@ -255,10 +256,17 @@ def _packer(conn: Any) -> Any:
     (hiredis's, or another encoding)."""
     encoder = conn.encoder
     packer = getattr(conn, "_command_packer", None)      # None: redis.asyncio packs in Python
-    if (packer is None or packer.__class__ is PythonRespSerializer) and encoder.encoding_errors == "strict" \
+    if (packer is None or packer.__class__ in _SAME_BYTES) and encoder.encoding_errors == "strict" \
             and encoder.encoding.replace("-", "").replace("_", "").lower() == "utf8":
         return _pack
     return conn.pack_command
+
+
+#: The packers whose bytes :func:`_pack` makes too (hiredis's encodes every str as UTF-8, as
+#: redis-py's own does for a UTF-8 strict encoder; ints and bytes alike): with hiredis
+#: installed, the lock path keeps its remembered script calls (a lookup instead of a pack
+#: through redis-py's serializer and hiredis each time).
+_SAME_BYTES = (PythonRespSerializer, getattr(redis.connection, "HiredisRespSerializer", PythonRespSerializer))
 
 
 _encode = Encoder("utf-8", "strict", False).encode
