@@ -203,6 +203,8 @@ def test_the_asyncio_lock_path_reads_every_reply_as_redis_asyncio_does(redis_ser
 def test_integer_replies_read_whole_split_or_several_to_a_read(redis_server):
     """The asyncio reader's shortcut for a lone integer reply hands every other arrangement to
     the parser (as the threads' reader does: see tests/redis/test_direct.py)."""
+    from tests.redis.test_direct import INTEGER_READS
+
     async def main() -> None:
         pool = redis.asyncio.ConnectionPool.from_url(redis_server.url)
         call = AsyncDirectCalls(pool)
@@ -210,11 +212,7 @@ def test_integer_replies_read_whole_split_or_several_to_a_read(redis_server):
         conn = call.idle[0]
         real = conn._reader
         try:
-            for chunks, expected in [([b":-42\r\n"], [-42]),
-                                     ([b":12", b"34\r\n"], [1234]),
-                                     ([b":5\r\n:6\r\n"], [5, 6]),
-                                     ([b":7\r\n$2\r\nab\r\n"], [7, b"ab"]),
-                                     ([b":8\r", b"\n"], [8])]:
+            for chunks, expected in INTEGER_READS:
                 stream = conn._reader = asyncio.StreamReader()
                 reading = asyncio.ensure_future(asyncio.gather(*[_aread(conn, None) for _ in expected]))
                 for i, chunk in enumerate(chunks):

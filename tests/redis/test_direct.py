@@ -209,6 +209,17 @@ def test_a_reconnection_starts_with_no_bytes_of_the_old_socket(redis_server):
     pool.disconnect()
 
 
+#: What the server sends, in reads of their own, and the replies they make: an integer whole,
+#: cut in two, two to a read, an integer then a bulk string, cut inside its CRLF.
+INTEGER_READS: list[tuple[list[bytes], list[object]]] = [
+    ([b":-42\r\n"], [-42]),
+    ([b":12", b"34\r\n"], [1234]),
+    ([b":5\r\n:6\r\n"], [5, 6]),
+    ([b":7\r\n$2\r\nab\r\n"], [7, b"ab"]),
+    ([b":8\r", b"\n"], [8]),
+]
+
+
 def _read_into(read: object, got: list[object], count: int) -> None:
     got.extend(read() for _ in range(count))  # type: ignore[operator]
 
@@ -225,11 +236,7 @@ def test_integer_replies_read_whole_split_or_several_to_a_read(redis_server):
     ours, theirs = socket.socketpair()
     real, conn._sock = conn._sock, ours
     try:
-        for chunks, expected in [([b":-42\r\n"], [-42]),
-                                 ([b":12", b"34\r\n"], [1234]),
-                                 ([b":5\r\n:6\r\n"], [5, 6]),
-                                 ([b":7\r\n$2\r\nab\r\n"], [7, b"ab"]),
-                                 ([b":8\r", b"\n"], [8])]:
+        for chunks, expected in INTEGER_READS:
             got: list[object] = []
             reader = threading.Thread(target=_read_into, args=(read, got, len(expected)))
             reader.start()
