@@ -81,8 +81,6 @@ local function next_token(count)
   return first
 end
 
-
-
 -- Describe o (a new holder or waiter) for describe(): since now, doing ctx, for ttl ms.
 local function note(o, ctx, ttl)
   redis.call('SET', base .. ':h:' .. o, fmt(clock()) .. '|' .. ctx, 'PX', ttl)
