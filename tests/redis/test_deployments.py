@@ -30,6 +30,31 @@ def test_scripts_survive_script_flush(redis_server, group):
     assert engine.renew([ylock.RenewItem(group, "n", "nobody", "write", 1.0)]) == [False]   # pipelines too
 
 
+def test_scripts_survive_script_flush_in_asyncio(redis_server, group):
+    # The asyncio acquire and release each answer NOSCRIPT by loading their script once and
+    # sending it again: one failed EVALSHA, one SCRIPT LOAD, one EVALSHA.
+    engine = ylock.engine_from_url(redis_server.url)
+    lock = ylock.Lock(engine, group, "n")
+    admin = redis.Redis.from_url(redis_server.url)
+
+    def calls() -> tuple[int, int]:
+        stats = admin.info("commandstats")
+        return (stats.get("cmdstat_evalsha", {}).get("calls", 0), stats.get("cmdstat_script|load", {}).get("calls", 0))
+
+    async def main() -> None:
+        await lock.alock()
+        await lock.aunlock()
+        for verb in (lock.alock, lock.aunlock):
+            admin.script_flush()
+            before = calls()
+            await verb()
+            after = calls()
+            assert (after[0] - before[0], after[1] - before[1]) == (2, 1), (verb, before, after)
+        assert not lock.held() and engine.describe_lock(group, "n") is None
+    asyncio.run(main())
+    engine.close()
+
+
 def test_acl_user_and_password_from_the_url(redis_server, group):
     admin = redis.Redis.from_url(redis_server.url)
     admin.acl_setuser("locker", enabled=True, passwords=["+s3cret"], keys=["*"], commands=["+@all"])

@@ -85,7 +85,7 @@ from ylock.engines.redis.direct import (
     refused,
 )
 from ylock.engines.redis.keys import Keys
-from ylock.engines.redis.scripts import ACQUIRE, FIRST_TRY, RELEASE
+from ylock.engines.redis.scripts import ACQUIRE, FIRST_TRY, RELEASE, release_args
 from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
 from ylock.owner import _new_process, _same_process, check_fork
@@ -311,7 +311,7 @@ class RedisEngine(Engine):
                 try:        # _arun's call, in this coroutine (one coroutine less per acquisition)
                     reply = await side.calls("EVALSHA", script.sha, 1, key, *args, timeout=self.socket_timeout)
                 except rex.NoScriptError:
-                    reply = await self._arun(side, ACQUIRE[r.mode], key, args, self.socket_timeout)
+                    reply = await self._areload(side, ACQUIRE[r.mode], key, args, self.socket_timeout)
             except asyncio.CancelledError:
                 await self._abandon_first(side, r, key, args)
                 raise
@@ -337,13 +337,13 @@ class RedisEngine(Engine):
     async def arelease(self, group: str, name: str, owner: str, mode: str) -> bool:
         side = self._async.get(asyncio.get_running_loop()) or await open_side(self)
         key = self._x_keys.get((group, name, mode)) or self._x(group, name, mode)     # see _x_keys
-        args = [owner] if mode == PERMIT else [owner, mode]                             # release_args
+        args = release_args(owner, mode)
         script = self._scripts[RELEASE[mode]]
         try:
             try:            # _arun's call, in this coroutine (see aacquire)
                 reply = await side.calls("EVALSHA", script.sha, 1, key, *args, timeout=self.socket_timeout)
             except rex.NoScriptError:
-                reply = await self._arun(side, RELEASE[mode], key, args, self.socket_timeout)
+                reply = await self._areload(side, RELEASE[mode], key, args, self.socket_timeout)
         except Exception as exc:
             raise self._translate(exc, group, name) from exc
         return self._released(group, name, reply)
@@ -391,12 +391,18 @@ class RedisEngine(Engine):
         try:
             return await side.calls("EVALSHA", script.sha, 1, key, *args, timeout=timeout)
         except rex.NoScriptError:
-            if side.calls.__class__ is AsyncDirectCalls:     # see _run
-                sha = await side.calls("SCRIPT", "LOAD", script.script, timeout=timeout)
-                script.sha = sha.decode() if isinstance(sha, bytes) else sha
-            else:
-                script.sha = await side.client.script_load(script.script)
-            return await side.calls("EVALSHA", script.sha, 1, key, *args, timeout=timeout)
+            return await self._areload(side, name, key, args, timeout)
+
+    async def _areload(self, side: AsyncSide, name: str, key: str, args: list[Any], timeout: float | None) -> Any:
+        """Load a script the server answered ``NOSCRIPT`` for (a restart, a failover, SCRIPT
+        FLUSH) and run it again."""
+        script = self._scripts[name]
+        if side.calls.__class__ is AsyncDirectCalls:     # see _run
+            sha = await side.calls("SCRIPT", "LOAD", script.script, timeout=timeout)
+            script.sha = sha.decode() if isinstance(sha, bytes) else sha
+        else:
+            script.sha = await side.client.script_load(script.script)
+        return await side.calls("EVALSHA", script.sha, 1, key, *args, timeout=timeout)
 
     def _do(self, op: Acquire | Pop | Release | Sleep) -> Any:
         """Do one operation of the steps, blocking (the sync world's executor)."""
@@ -462,8 +468,7 @@ class RedisEngine(Engine):
     def release(self, group: str, name: str, owner: str, mode: str) -> bool:
         key = self._x_keys.get((group, name, mode)) or self._x(group, name, mode)     # see _x_keys
         try:
-            reply = self._run(RELEASE[mode], key, [owner] if mode == PERMIT else [owner, mode],  # release_args
-                              self.socket_timeout)
+            reply = self._run(RELEASE[mode], key, release_args(owner, mode), self.socket_timeout)
         except Exception as exc:
             raise self._translate(exc, group, name) from exc
         return self._released(group, name, reply)
