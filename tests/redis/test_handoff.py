@@ -153,3 +153,78 @@ def test_a_writer_that_downgraded_keeps_saying_what_it_does(redis_engine, group)
     assert said().get("what") == "rebuilding the index" and lock.held("read")
     lock.runlock()
     assert not any(i.name == "down" for i in redis_engine.describe(group))
+
+
+def test_what_a_waiter_said_is_described_while_it_waits_and_kept_by_its_grant(redis_engine, group):
+    """A waiter's description travels in its request: describe() shows what it said while
+    it waits, and the release that hands it the lock (to a fair writer; then to a run of
+    readers) makes it the holder's description, since the grant."""
+    holder = ylock.Lock(redis_engine, group, "said")
+    holder.lock()
+    release = {"write": threading.Event(), "read": threading.Event()}
+    tokens: list[int] = []
+
+    def queue(mode: str, what: str) -> Runner:
+        def run() -> None:
+            with ylock.context(what):
+                lock = ylock.Lock(redis_engine, group, "said", polling=SLOW)
+                (lock.rlock if mode == "read" else lock.lock)(timeout=10)
+                tokens.append(lock.token)
+                release[mode].wait(10)
+                (lock.runlock if mode == "read" else lock.unlock)()
+        runner = Runner(run)
+        before = len(waiters(redis_engine, group, "said"))
+        runner.start()
+        wait_until(lambda: len(waiters(redis_engine, group, "said")) == before + 1, what=f"{what} queued")
+        return runner
+
+    said = ("the writer", "reader 1", "reader 2")
+    runners = [queue("write", said[0]), queue("read", said[1]), queue("read", said[2])]
+    owner = {what: w.split(":", 1)[1] for what, w in zip(said, waiters(redis_engine, group, "said"))}
+    waiting = _info(redis_engine, group, "said")
+    assert {what: waiting.context[o]["what"] for what, o in owner.items()} == {w: w for w in said}
+    holder.unlock()                                        # hands the lock to the writer
+    granted = _info(redis_engine, group, "said")
+    writer = owner["the writer"]
+    assert granted.owners == (writer,)
+    assert granted.context[writer]["what"] == "the writer"
+    assert granted.context[writer]["since"] >= waiting.context[writer]["since"]
+    assert {granted.context[owner[r]]["what"] for r in said[1:]} == set(said[1:])   # still waiting
+    wait_until(lambda: len(tokens) == 1, what="the writer running")
+    release["write"].set()
+    runners[0].outcome()                                   # its release granted the two readers
+    readers = _info(redis_engine, group, "said")
+    assert sorted(readers.owners) == sorted(owner[r] for r in said[1:]) and readers.waiters == ()
+    assert {readers.context[owner[r]]["what"] for r in said[1:]} == set(said[1:])
+    assert writer not in readers.context
+    release["read"].set()
+    for runner in runners[1:]:
+        runner.outcome()
+    assert len(tokens) == 3
+
+
+def test_a_waiter_that_says_nothing_costs_no_note_and_is_described_from_its_grant(redis_server, redis_engine, group):
+    """A waiter with no ylock.context: queueing writes its request only (no h key), and the
+    release that hands it the lock writes none either; describe() still shows the holder,
+    since its grant (from its token)."""
+    client = redis.Redis.from_url(redis_server.url)
+    holder = ylock.Lock(redis_engine, group, "quiet")
+    holder.lock()
+    release = threading.Event()
+    tokens: list[int] = []
+    runner = _queue(redis_engine, group, "quiet", "write", tokens, release)
+    (waiter,) = [w.split(":", 1)[1] for w in waiters(redis_engine, group, "quiet")]
+    base = f"ylock:{{{group}:quiet}}"
+    assert client.exists(f"{base}:w:{waiter}") == 1
+    assert client.exists(f"{base}:h:{waiter}") == 0, "queueing wrote a note for a waiter that said nothing"
+    assert _info(redis_engine, group, "quiet").context[waiter]["since"] > 0      # described from its request
+    before = time.time()
+    holder.unlock()                                        # hands the lock to the waiter
+    granted = _info(redis_engine, group, "quiet")
+    assert granted.owners == (waiter,)
+    assert client.exists(f"{base}:h:{waiter}") == 0, "the handoff wrote a note for a holder that said nothing"
+    assert abs(granted.context[waiter]["since"] - before) < 5      # from its token, the server's clock
+    wait_until(lambda: len(tokens) == 1, what="the waiter running")
+    assert tokens == [granted.token]
+    release.set()
+    runner.outcome()

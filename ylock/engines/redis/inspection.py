@@ -70,8 +70,9 @@ _CLOCK_TOKENS = 10 ** 15
 
 
 def _granted_at(context: dict[str, Any], owner: str, token: int) -> None:
-    """Describe a holder that left no note (one granted on a fast path with nothing to say,
-    see ``fast_note`` in ``common.lua``): since when comes from its token."""
+    """Describe a holder that left no note (one with nothing to say, granted on a fast path
+    or handed the lock from the queue, see ``fast_note`` in ``common.lua``): since when
+    comes from its token."""
     if owner not in context and token >= _CLOCK_TOKENS:
         context[owner] = holder_context(owner, token / 1e6, None)
 

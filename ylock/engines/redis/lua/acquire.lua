@@ -30,9 +30,7 @@ if mode == 'write' and not queued and fair and stay then
   local v = redis.call('GET', K.x)
   if v and string.match(v, '^(.*)|%d+$') ~= o then
     redis.call('RPUSH', K.q, o)
-    redis.call('SET', base .. ':w:' .. o, 'write|' .. ARGV[4] .. '|' .. fmt(clock()) .. '|' .. ARGV[5] .. '|1',
-               'PX', wlease)
-    note(o, ARGV[6], wlease)
+    redis.call('SET', base .. ':w:' .. o, request('write', ARGV[4], clock(), ARGV[5], '1', ARGV[6]), 'PX', wlease)
     return {0, redis.call('PTTL', K.x)}
   end
 end
@@ -89,17 +87,14 @@ if not busy and may_enter(writer, o, mode, fair, now) then
 end
 
 if stay then
+  -- The request carries the waiter's description (describe() reads it there), so
+  -- refreshing the liveness key refreshes both.
   local w = base .. ':w:' .. o
-  local request = mode .. '|' .. ARGV[4] .. '|' .. fmt(now) .. '|' .. ARGV[5] .. '|' .. string.sub(ARGV[3], 1, 1)
   if not queued or not redis.call('LPOS', K.q, o) then
     redis.call('RPUSH', K.q, o)
-    redis.call('SET', w, request, 'PX', wlease)
-    note(o, ARGV[6], wlease)
+    redis.call('SET', w, request(mode, ARGV[4], now, ARGV[5], string.sub(ARGV[3], 1, 1), ARGV[6]), 'PX', wlease)
   elseif redis.call('PEXPIRE', w, wlease) == 0 then   -- still queued but counted dead: alive again
-    redis.call('SET', w, request, 'PX', wlease)
-    note(o, ARGV[6], wlease)
-  else
-    redis.call('PEXPIRE', base .. ':h:' .. o, wlease)
+    redis.call('SET', w, request(mode, ARGV[4], now, ARGV[5], string.sub(ARGV[3], 1, 1), ARGV[6]), 'PX', wlease)
   end
 else
   dequeue(o)

@@ -10,11 +10,14 @@
 --   q  waiter queue: list of owners, FIFO
 --   t  tokens of the shared owners: hash owner -> fencing token
 --   f  fence: the last token issued; PX = the retention period from the last token
---   <base>:w:<owner>  a waiter's liveness and request: "mode|lease_ms|since_ms|waiter_lease_ms|fair",
+--   <base>:w:<owner>  a waiter's liveness and request:
+--                     "mode|lease_ms|since_ms|waiter_lease_ms|fair|<context JSON>",
 --                     PX = waiter lease, refreshed by every poll (one GET tells the releaser
---                     whether the head of the queue is alive and what it asked for)
+--                     whether the head of the queue is alive, what it asked for and what it
+--                     is doing: describe() reads a waiter's description here, and a grant
+--                     turns it into the holder's h key without reading anything else)
 --   <base>:n:<owner>  notify list: the waiter blocks on it (BLPOP); a grant pushes the token
---   <base>:h:<owner>  a holder's (or waiter's) description for describe(): "<since ms>|<context JSON>"
+--   <base>:h:<owner>  a holder's description for describe(): "<since ms>|<context JSON>"
 --                     (what its owner is doing), PX = its hold's lease, renewed with it
 -- Time always comes from Redis (TIME), never from a client clock. __RETENTION_MS__ and
 -- __BARGE_MS__ are replaced by the engine's settings when the script is loaded.
@@ -81,17 +84,24 @@ local function next_token(count)
   return first
 end
 
--- Describe o (a new holder or waiter) for describe(): since now, doing ctx, for ttl ms.
+-- Describe o (a new holder) for describe(): since now, doing ctx, for ttl ms.
 local function note(o, ctx, ttl)
   redis.call('SET', base .. ':h:' .. o, fmt(clock()) .. '|' .. ctx, 'PX', ttl)
 end
 
 -- The same for a holder granted on a fast path (it was not queued, so it has no waiter's
--- note): one that says nothing gets no note, since describe() takes when it was granted
+-- request): one that says nothing gets no note, since describe() takes when it was granted
 -- from its token (the server clock in µs at the grant), and the command is a sixth of
 -- the uncontended acquisition's server time.
 local function fast_note(o, ctx, ttl)
   if ctx ~= '' then note(o, ctx, ttl) end
+end
+
+-- A waiter's request (see parse_meta): mode, the lease and waiter lease it asked for
+-- (ms, as sent), since now, fair ("1"/"0"), what it is doing. It carries the waiter's
+-- description, so queueing writes no h key and a poll refreshes one key.
+local function request(mode, lease, now, wlease, fair, ctx)
+  return mode .. '|' .. lease .. '|' .. fmt(now) .. '|' .. wlease .. '|' .. fair .. '|' .. ctx
 end
 
 -- Make o the writer for lease ms, keeping tok if given (a re-grant); return the token.
@@ -104,17 +114,37 @@ end
 --@functions (a script's fast path runs above this line: defining the helpers below costs
 -- the server about a microsecond per call, so scripts splice them in at their --@common line)
 
--- A waiter's request from its w key's value: mode, lease, since, waiter lease, fair.
+-- A waiter's request from its w key's value: mode, lease, since, waiter lease, fair, and
+-- what it is doing (nil from a request written without it, by a script of an older
+-- version, whose waiter's description is still in its h key).
 local function parse_meta(v)
   if not v then return nil end
-  local mode, lease, since, wlease, fair = string.match(v, '^(%a+)|(%d+)|(%d+)|(%d+)|(%d)$')
-  return mode, tonumber(lease), tonumber(since), tonumber(wlease), fair == '1'
+  local mode, lease, since, wlease, fair, rest = string.match(v, '^(%a+)|(%d+)|(%d+)|(%d+)|([01])(.*)$')
+  local ctx = nil
+  if rest and rest ~= '' then
+    if string.sub(rest, 1, 1) ~= '|' then return nil end
+    ctx = string.sub(rest, 2)
+  end
+  return mode, tonumber(lease), tonumber(since), tonumber(wlease), fair == '1', ctx
 end
 
 -- Keep the shared owners' key until the latest reader deadline.
 local function extend_shared(now)
   local last = redis.call('ZRANGE', K.s, -1, -1, 'WITHSCORES')
   if last[2] then redis.call('PEXPIRE', K.s, math.max(1, tonumber(last[2]) - now)) end
+end
+
+-- A waiter granted the lock by another owner: its description (from its request, or from
+-- an h key a script of an older version wrote) says since when it holds, and lives as long
+-- as the grant. One that said nothing gets no note (see fast_note).
+local function granted_note(o, ttl, now, ctx)
+  local h = base .. ':h:' .. o
+  if ctx then
+    if ctx ~= '' then redis.call('SET', h, fmt(now) .. '|' .. ctx, 'PX', ttl) end
+    return
+  end
+  local v = redis.call('GET', h)
+  if v then redis.call('SET', h, fmt(now) .. string.sub(v, (string.find(v, '|', 1, true))), 'PX', ttl) end
 end
 
 -- Push a token (or 'wake') to o's notify list, on which it blocks.

@@ -7,11 +7,6 @@
 local now = clock()
 local writer, wtok = writer_of()
 local queue = redis.call('LRANGE', K.q, 0, -1)
-local modes = {}
-for _, o in ipairs(queue) do
-  table.insert(modes, o)
-  table.insert(modes, meta(o) or '?')
-end
 local shared = redis.call('ZRANGEBYSCORE', K.s, '(' .. now, '+inf', 'WITHSCORES')
 local notes = {}
 local function add_note(o)
@@ -20,6 +15,18 @@ local function add_note(o)
 end
 if writer then add_note(writer) end
 for i = 1, #shared, 2 do add_note(shared[i]) end
-for _, o in ipairs(queue) do add_note(o) end
+-- A waiter's description is in its request (one written by an older script: in its h key).
+local modes = {}
+for _, o in ipairs(queue) do
+  local mode, _, since, _, _, ctx = meta(o)
+  table.insert(modes, o)
+  table.insert(modes, mode or '?')
+  if ctx then
+    table.insert(notes, o)
+    table.insert(notes, fmt(since) .. '|' .. ctx)
+  else
+    add_note(o)
+  end
+end
 return {writer or '', wtok or 0, redis.call('PTTL', K.x), shared, queue, modes,
         redis.call('HGETALL', K.t), now, redis.call('GET', base .. ':c'), notes}

@@ -11,13 +11,13 @@ local function dispatch_permits(now, permits, evicted)
   while free > 0 do
     local head, v = live_head(evicted)
     if not head then return end
-    local _, lease, _, wlease = parse_meta(v)
+    local _, lease, _, wlease, _, ctx = parse_meta(v)
     redis.call('LPOP', K.q)
     redis.call('DEL', base .. ':w:' .. head)
     if lease then                              -- (an unreadable request is dropped: its waiter asks again)
       local tok = grant_read(head, math.min(lease, wlease), now)
       notify(head, fmt(tok), wlease)
-      granted_note(head, math.min(lease, wlease), now)
+      granted_note(head, math.min(lease, wlease), now, ctx)
       free = free - 1
     end
   end

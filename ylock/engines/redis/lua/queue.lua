@@ -18,14 +18,6 @@ local function dequeue(o)
   redis.call('DEL', base .. ':w:' .. o, base .. ':n:' .. o, base .. ':h:' .. o)
 end
 
--- A waiter granted the lock by another owner: its description says since when it holds,
--- and lives as long as the grant.
-local function granted_note(o, ttl, now)
-  local h = base .. ':h:' .. o
-  local v = redis.call('GET', h)
-  if v then redis.call('SET', h, fmt(now) .. string.sub(v, (string.find(v, '|', 1, true))), 'PX', ttl) end
-end
-
 -- Make o a reader for lease ms; a writer downgrading passes its own token.
 local function grant_read(o, lease, now, tok)
   tok = tok or tonumber(redis.call('HGET', K.t, o) or false) or next_token()
@@ -60,13 +52,13 @@ local function grant_reader_run(now, evicted)
   local requests = redis.call('MGET', unpack(wkeys))
   local granted, gone, scores, cut, longest = {}, {}, {}, #run, 0
   for i, o in ipairs(run) do
-    local mode, lease, _, wlease, fair = parse_meta(requests[i])
+    local mode, lease, _, wlease, fair, ctx = parse_meta(requests[i])
     if not mode then
       table.insert(evicted, o)
       table.insert(gone, base .. ':n:' .. o)
       table.insert(gone, base .. ':h:' .. o)
     elseif mode == 'read' and fair then
-      table.insert(granted, {o, wlease})
+      table.insert(granted, {o, wlease, ctx})
       table.insert(gone, wkeys[i])
       table.insert(scores, now + math.min(lease, wlease))
       table.insert(scores, o)
@@ -91,7 +83,7 @@ local function grant_reader_run(now, evicted)
   redis.call('DEL', unpack(gone))
   for i, g in ipairs(granted) do
     notify(g[1], fmt(first + i - 1), g[2])
-    granted_note(g[1], g[2], now)
+    granted_note(g[1], g[2], now, g[3])
   end
   return #granted
 end
@@ -104,7 +96,7 @@ local function dispatch(now, evicted, free)
   if not free and redis.call('EXISTS', K.x) == 1 then return end
   local head, v = live_head(evicted)
   if not head then return end
-  local mode, lease, _, wlease, fair = parse_meta(v)
+  local mode, lease, _, wlease, fair, ctx = parse_meta(v)
   if not mode then                      -- unreadable request: drop it, the waiter re-asks
     redis.call('LPOP', K.q)
     redis.call('DEL', base .. ':w:' .. head)
@@ -128,7 +120,7 @@ local function dispatch(now, evicted, free)
     return
   end
   local tok = grant_write(head, math.min(lease, wlease))
-  granted_note(head, math.min(lease, wlease), now)
+  granted_note(head, math.min(lease, wlease), now, ctx)
   redis.call('LPOP', K.q)
   redis.call('DEL', base .. ':w:' .. head)
   notify(head, fmt(tok), wlease)

@@ -49,16 +49,14 @@ if mode == 'write' then
   end
   if head then
     local request = redis.call('GET', base .. ':w:' .. head)
-    local hmode, hlease, _, hwlease, hfair = parse_meta(request)
+    local hmode, hlease, _, hwlease, hfair, hctx = parse_meta(request)
     if hmode == 'write' and hfair and not readers then
       local ttl = math.min(hlease, hwlease)
       local tok = grant_write(head, ttl)   -- replaces ours
       table.insert(gone, base .. ':w:' .. head)
       redis.call('DEL', unpack(gone))
       notify(head, fmt(tok), hwlease)
-      local h = base .. ':h:' .. head
-      local hv = redis.call('GET', h)
-      if hv then redis.call('SET', h, fmt(clock()) .. string.sub(hv, (string.find(hv, '|', 1, true))), 'PX', ttl) end
+      granted_note(head, ttl, clock(), hctx)
       return held
     end
     redis.call('LPUSH', K.q, head)          -- back to the head: the general path below decides

@@ -71,17 +71,13 @@ if redis.call('ZCARD', K.s) < permits and redis.call('LLEN', K.q) == 0 then
   return done(1, grant_read(o, lease, now))
 end
 if stay then
+  -- The request carries the waiter's description (see acquire.lua).
   local w = base .. ':w:' .. o
-  local request = 'permit|' .. ARGV[4] .. '|' .. fmt(now) .. '|' .. ARGV[5] .. '|' .. string.sub(ARGV[3], 1, 1)
   if not queued or not redis.call('LPOS', K.q, o) then
     redis.call('RPUSH', K.q, o)
-    redis.call('SET', w, request, 'PX', wlease)
-    note(o, ARGV[6], wlease)
+    redis.call('SET', w, request('permit', ARGV[4], now, ARGV[5], string.sub(ARGV[3], 1, 1), ARGV[6]), 'PX', wlease)
   elseif redis.call('PEXPIRE', w, wlease) == 0 then   -- still queued but counted dead: alive again
-    redis.call('SET', w, request, 'PX', wlease)
-    note(o, ARGV[6], wlease)
-  else
-    redis.call('PEXPIRE', base .. ':h:' .. o, wlease)
+    redis.call('SET', w, request('permit', ARGV[4], now, ARGV[5], string.sub(ARGV[3], 1, 1), ARGV[6]), 'PX', wlease)
   end
 else
   dequeue(o)
