@@ -12,6 +12,7 @@ import redis
 
 import ylock
 from tests.helpers import wait_until
+from ylock.engines.redis import direct
 from ylock.engines.redis.direct import DirectCalls
 from ylock.testing.redis import RedisServer
 
@@ -257,3 +258,71 @@ def test_integer_replies_read_whole_split_or_several_to_a_read(redis_server):
     assert call.many(*[("INCR", "ylock-direct-i")] * 50) == list(range(1, 51))
     assert call("INCR", "ylock-direct-i") == 51
     pool.disconnect()
+
+
+def _swap_socket(redis_server):
+    """A direct-call connection whose socket is one end of a socketpair (the test plays the
+    server at the other end); returns the pool, the connection, both ends and the real socket."""
+    pool = redis.ConnectionPool.from_url(redis_server.url)
+    call = DirectCalls(pool)
+    assert call("PING") in (b"PONG", True)
+    conn = call.idle[0]
+    ours, theirs = socket.socketpair()
+    real, conn._sock = conn._sock, ours
+    return pool, conn, ours, theirs, real
+
+
+def test_a_command_larger_than_the_socket_buffer_goes_whole(redis_server):
+    """The lock path writes straight into the kernel's buffer; what does not fit at once
+    (a long ylock.context, a slow reader) goes on through sendall, in order, nothing lost."""
+    pool, conn, ours, theirs, real = _swap_socket(redis_server)
+    data = bytes(range(256)) * (4 * 4096)               # 4 MiB, far more than a socketpair buffers
+    got = bytearray()
+
+    def drain() -> None:
+        while len(got) < len(data):
+            chunk = theirs.recv(1 << 16)
+            if not chunk:
+                return
+            got.extend(chunk)
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        ours.settimeout(10)
+        direct._write(conn, [data])
+        reader.join(10)
+        assert bytes(got) == data
+    finally:
+        ours.close(), theirs.close()
+        conn._sock = real
+        conn.disconnect()
+        pool.disconnect()
+    # and against the server: a 16 MiB value set and read back through the direct calls
+    call = DirectCalls(redis.ConnectionPool.from_url(redis_server.url))
+    big = b"y" * (16 << 20)
+    assert call("SET", "ylock-direct-big", big) == b"OK"
+    assert call("STRLEN", "ylock-direct-big") == len(big)
+    assert call("DEL", "ylock-direct-big") == 1
+    call.pool.disconnect()
+
+
+def test_a_write_into_a_full_socket_buffer_times_out_and_drops_the_connection(redis_server):
+    """A server that stopped reading: the kernel's buffer is full, the write waits no longer
+    than the socket timeout, raises redis-py's TimeoutError, and the connection is dropped
+    (part of the command may have gone)."""
+    pool, conn, ours, theirs, real = _swap_socket(redis_server)
+    try:
+        ours.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            while True:                                  # fill it: nobody reads at the other end
+                ours.send(b"x" * 65536)
+        ours.settimeout(0.2)
+        started = time.monotonic()
+        with pytest.raises(redis.exceptions.TimeoutError, match="writing"):
+            direct._write(conn, [b"*1\r\n$4\r\nPING\r\n"])
+        assert 0.2 <= time.monotonic() - started < 2.0
+        assert conn._sock is None                        # dropped
+    finally:
+        ours.close(), theirs.close()
+        real.close()
+        pool.disconnect()

@@ -46,6 +46,8 @@ import collections
 import contextlib
 import inspect
 import logging
+import os
+import socket
 import sys
 import threading
 import time
@@ -351,9 +353,23 @@ def _write(conn: Any, packed: list[bytes]) -> None:
     """Send a packed command on ``conn``'s socket, with redis-py's errors (as its
     ``send_packed_command``, less its health check and branches: the lock path's socket is
     connected and its timeout set by :func:`_send`)."""
+    sock = conn._sock
     try:
-        for item in packed:
-            conn._sock.sendall(item)
+        if sock.__class__ is socket.socket and len(packed) == 1:
+            # Straight into the kernel's buffer: a socket with a timeout is non-blocking
+            # underneath, and its sendall asks poll() first, a system call for a write that
+            # nearly always fits at once. What did not fit goes through sendall, bounded by
+            # the timeout. (A plain socket only: a TLS one must write through its SSL layer.)
+            data = packed[0]
+            try:
+                sent = os.write(sock.fileno(), data)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(data):
+                sock.sendall(memoryview(data)[sent:])
+        else:
+            for item in packed:
+                sock.sendall(item)
     except TimeoutError:           # socket.timeout
         conn.disconnect()
         raise rex.TimeoutError("Timeout writing to socket") from None
