@@ -39,6 +39,57 @@ def test_a_timeout_leaves_no_stale_reply_and_is_not_retried():
         asyncio.run(main(server))
 
 
+def test_read_deadlines_hold_with_one_timer_for_many_reads():
+    """A connection's reads share one timer, re-armed only when it fires: a call with a
+    shorter timeout than the armed timer still ends at its own deadline, a read after the
+    timer fired and re-armed ends at its socket timeout, and a cancellation from outside
+    stays a cancellation (never a TimeoutError)."""
+    async def main(server: RedisServer) -> None:
+        pool = redis.asyncio.ConnectionPool.from_url(server.url, socket_timeout=0.5)
+        call = AsyncDirectCalls(pool)
+        for i in range(50):                      # quick reads: the first armed the timer (+0.5 s)
+            assert await call("ECHO", f"quick-{i}") == f"quick-{i}".encode()
+        server.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(redis.exceptions.TimeoutError):
+                await call("ECHO", "short", timeout=0.1)      # earlier than the armed timer
+            assert 0.08 <= time.monotonic() - started < 0.4
+        finally:
+            server.resume()
+        until = time.monotonic() + 0.8           # past a timer's time, reads in flight or not
+        while time.monotonic() < until:
+            assert await call("ECHO", "again") == b"again"
+        server.pause()
+        try:
+            # cancelled from outside while it waits for the reply: a cancellation
+            conn = call.idle[-1]                 # connected: the call waits in its read
+            task = asyncio.ensure_future(call("ECHO", "cancelled"))
+            give_up = time.monotonic() + 10
+            while getattr(conn, "ylock_watch", None) is None or conn.ylock_watch.task is None:
+                assert not task.done() and time.monotonic() < give_up, "the call never waited for its reply"
+                await asyncio.sleep(0.001)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            server.resume()
+        assert await call("ECHO", "reconnected", timeout=5.0) == b"reconnected"
+        server.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(redis.exceptions.TimeoutError):
+                await call("ECHO", "late")
+            assert 0.48 <= time.monotonic() - started < 1.2
+        finally:
+            server.resume()
+        assert await call("ECHO", "after", timeout=5.0) == b"after"     # its own reply
+        await pool.disconnect()
+
+    with RedisServer() as server:
+        asyncio.run(main(server))
+
+
 def test_a_write_the_frozen_server_does_not_take_times_out_within_the_call():
     async def main(server: RedisServer) -> None:
         pool = redis.asyncio.ConnectionPool.from_url(server.url, socket_timeout=0.3)
