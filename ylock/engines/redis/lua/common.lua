@@ -89,8 +89,8 @@ local function note(o, ctx, ttl)
   redis.call('SET', base .. ':h:' .. o, fmt(clock()) .. '|' .. ctx, 'PX', ttl)
 end
 
--- The same for a holder granted on a fast path (it was not queued, so it has no waiter's
--- request): one that says nothing gets no note, since describe() takes when it was granted
+-- The same for a holder granted with what it said in hand (on a fast path, or from its
+-- request by granted_note): one that says nothing gets no note, since describe() takes when it was granted
 -- from its token (the server clock in µs at the grant), and the command is a sixth of
 -- the uncontended acquisition's server time.
 local function fast_note(o, ctx, ttl)
@@ -134,17 +134,14 @@ local function extend_shared(now)
   if last[2] then redis.call('PEXPIRE', K.s, math.max(1, tonumber(last[2]) - now)) end
 end
 
--- A waiter granted the lock by another owner: its description (from its request, or from
--- an h key a script of an older version wrote) says since when it holds, and lives as long
--- as the grant. One that said nothing gets no note (see fast_note).
-local function granted_note(o, ttl, now, ctx)
+-- A waiter granted the lock by another owner: its description (from its request, as for
+-- a holder granted on a fast path, or from an h key a script of an older version wrote)
+-- says since when it holds, and lives as long as the grant.
+local function granted_note(o, ttl, ctx)
+  if ctx then return fast_note(o, ctx, ttl) end
   local h = base .. ':h:' .. o
-  if ctx then
-    if ctx ~= '' then redis.call('SET', h, fmt(now) .. '|' .. ctx, 'PX', ttl) end
-    return
-  end
   local v = redis.call('GET', h)
-  if v then redis.call('SET', h, fmt(now) .. string.sub(v, (string.find(v, '|', 1, true))), 'PX', ttl) end
+  if v then redis.call('SET', h, fmt(clock()) .. string.sub(v, (string.find(v, '|', 1, true))), 'PX', ttl) end
 end
 
 -- Push a token (or 'wake') to o's notify list, on which it blocks.

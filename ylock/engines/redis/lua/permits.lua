@@ -17,7 +17,7 @@ local function dispatch_permits(now, permits, evicted)
     if lease then                              -- (an unreadable request is dropped: its waiter asks again)
       local tok = grant_read(head, math.min(lease, wlease), now)
       notify(head, fmt(tok), wlease)
-      granted_note(head, math.min(lease, wlease), now, ctx)
+      granted_note(head, math.min(lease, wlease), ctx)
       free = free - 1
     end
   end

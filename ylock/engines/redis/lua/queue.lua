@@ -83,7 +83,7 @@ local function grant_reader_run(now, evicted)
   redis.call('DEL', unpack(gone))
   for i, g in ipairs(granted) do
     notify(g[1], fmt(first + i - 1), g[2])
-    granted_note(g[1], g[2], now, g[3])
+    granted_note(g[1], g[2], g[3])
   end
   return #granted
 end
@@ -120,7 +120,7 @@ local function dispatch(now, evicted, free)
     return
   end
   local tok = grant_write(head, math.min(lease, wlease))
-  granted_note(head, math.min(lease, wlease), now, ctx)
+  granted_note(head, math.min(lease, wlease), ctx)
   redis.call('LPOP', K.q)
   redis.call('DEL', base .. ':w:' .. head)
   notify(head, fmt(tok), wlease)

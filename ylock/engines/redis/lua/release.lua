@@ -56,7 +56,7 @@ if mode == 'write' then
       table.insert(gone, base .. ':w:' .. head)
       redis.call('DEL', unpack(gone))
       notify(head, fmt(tok), hwlease)
-      granted_note(head, ttl, clock(), hctx)
+      granted_note(head, ttl, hctx)
       return held
     end
     redis.call('LPUSH', K.q, head)          -- back to the head: the general path below decides
