@@ -2,7 +2,9 @@
 15) against redis-py's own ``redis.asyncio`` ``Lock`` and against ylock's blocking verbs,
 on one redis-server that it starts itself on a free loopback port, in one run. Each
 number is the median of ``--runs`` runs (5), with min and max; the uncontended cases are
-interleaved run by run. Writes ``results/aio.json`` and ``aio.md``.
+interleaved run by run, the contended ones in 10 rounds of redis.asyncio's ``Lock``, ylock,
+ylock, redis.asyncio's ``Lock`` (their ratio: the median over the rounds, with the CPU the
+hypervisor stole). Writes ``results/aio.json`` and ``aio.md``.
 
 - **uncontended**: one task (or one thread), acquire+release of a free lock in a loop:
   ``await lock.alock(); await lock.aunlock()``, ``lock.lock(); lock.unlock()``,
@@ -40,10 +42,25 @@ import redis.asyncio as aredis
 
 import ylock
 from bench.contended import analyse
-from bench.run import bench_parser, machine, measure, rate, run_bench, runs_of, server_cpu, stats
+from bench.run import (
+    bench_parser,
+    machine,
+    measure,
+    paired,
+    rate,
+    run_bench,
+    runs_of,
+    server_cpu,
+    stats,
+    with_steal,
+)
 from ylock.testing.redis import RedisServer
 
 HERE = Path(__file__).resolve().parent
+#: Rounds of redis.asyncio's Lock, ylock, ylock, redis.asyncio's Lock per contended shape
+#: (``--quick``: 2): their ratio, the median over the rounds, the drift of the machine's
+#: speed moves far less than a ratio of two medians taken minutes apart.
+CONTENDED_ROUNDS = 10
 spawn = multiprocessing.get_context("spawn")
 Log = list[tuple[int, int, int]]
 LIBS = ["ylock redis (asyncio)", "redis.asyncio Lock", "no lock (control)"]
@@ -157,16 +174,18 @@ def worker(lib: str, redis_url: str, name: str, tasks: int, ready: Any, duration
 class AsyncBench:
     def __init__(self, quick: bool, runs: int, seconds: float | None = None, duration: float | None = None,
                  tasks: int = 8, procs: int = 4, tasks_per_process: int = 4, libs: list[str] | None = None,
-                 max_ops: int = 200_000) -> None:
+                 max_ops: int = 200_000, rounds: int | None = None) -> None:
         self.quick = quick
         self.runs = runs
         self.seconds = seconds or (0.3 if quick else 1.0)
-        self.duration = duration or (1.5 if quick else 3.0)
+        self.duration = duration or (1.5 if quick else 2.0)
         self.tasks = tasks
         self.procs = procs
         self.tasks_per_process = tasks_per_process
         self.libs = libs
         self.max_ops = max_ops
+        #: Rounds of the contended pairing (see :data:`CONTENDED_ROUNDS`).
+        self.rounds = rounds or (2 if quick else CONTENDED_ROUNDS)
         self.redis = RedisServer().start()
         self.client = redis.Redis.from_url(self.redis.url)
         self.results: dict[str, Any] = {"machine": machine(), "quick": quick, "runs": runs,
@@ -250,32 +269,50 @@ class AsyncBench:
         libs = [lib for lib in LIBS if self.libs is None or lib in self.libs]
         trivial = self.client.register_script("return 1")
         shapes = [(1, self.tasks), (self.procs, self.tasks_per_process)]
+        ours, peer, control = LIBS
+        rounds = self.rounds
         out: dict[str, Any] = {}
+        paired_out: dict[str, Any] = {}
         for procs, tasks in shapes:
-            for lib in libs:
-                runs = []
-                for _ in range(self.runs):
-                    floor = rate(trivial, 0.3)
-                    name = uuid.uuid4().hex[:10]
-                    before = self.client.info("commandstats")
-                    with spawn.Manager() as manager, ProcessPoolExecutor(procs, mp_context=spawn) as pool:
-                        ready = manager.Barrier(procs) if procs > 1 else None
-                        futures = [pool.submit(worker, lib, self.redis.url, name, tasks, ready, self.duration,
-                                               self.max_ops) for _ in range(procs)]
-                        logs = [log for f in futures for log in f.result(timeout=300)]
-                    after = self.client.info("commandstats")
-                    counter = int(self.client.get(f"counter:{name}") or 0)
-                    row = analyse(logs, counter)
-                    calls = sum(after[k]["calls"] - before.get(k, {"calls": 0})["calls"] for k in after
-                                if not k.startswith(("cmdstat_info", "cmdstat_config")))
-                    row["redis_cmds_per_acq"] = calls / max(1, row["acquisitions"]) - 2   # minus GET and SET
-                    row["round_trip_ms"] = 1000 / floor
-                    row["gap_p50_round_trips"] = None if row["gap_p50_ms"] is None else \
-                        row["gap_p50_ms"] * floor / 1000
-                    runs.append(row)
-                label = f"{tasks} tasks in 1 process" if procs == 1 else f"{procs} processes × {tasks} tasks"
-                out[f"{label}: {lib}"] = _median_rows(runs)
+            label = f"{tasks} tasks in 1 process" if procs == 1 else f"{procs} processes × {tasks} tasks"
+
+            def run(lib: str, procs: int = procs, tasks: int = tasks) -> dict[str, Any]:
+                return with_steal(lambda: self._contended_run(lib, procs, tasks, trivial))
+            if ours in libs and peer in libs:
+                # redis.asyncio's Lock, ylock, ylock, redis.asyncio's Lock in each round
+                got = paired(lambda: run(peer), lambda: run(ours), rounds, "acq_per_s")
+                samples = got.pop("samples")
+                out[f"{label}: {ours}"] = _median_rows(samples["b"])
+                out[f"{label}: {peer}"] = _median_rows(samples["a"])
+                paired_out[label] = got
+            else:
+                for lib in (ours, peer):
+                    if lib in libs:
+                        out[f"{label}: {lib}"] = _median_rows([run(lib) for _ in range(self.runs)])
+            if control in libs:            # it must lose updates: a run or two show it
+                out[f"{label}: {control}"] = _median_rows([run(control) for _ in range(1 if self.quick else 2)])
         self.results["contended"] = out
+        self.results["contended_paired"] = paired_out
+
+    def _contended_run(self, lib: str, procs: int, tasks: int, trivial: Any) -> dict[str, Any]:
+        """One contended run of ``lib``: ``procs`` processes of ``tasks`` tasks on a new lock."""
+        floor = rate(trivial, 0.3)
+        name = uuid.uuid4().hex[:10]
+        before = self.client.info("commandstats")
+        with spawn.Manager() as manager, ProcessPoolExecutor(procs, mp_context=spawn) as pool:
+            ready = manager.Barrier(procs) if procs > 1 else None
+            futures = [pool.submit(worker, lib, self.redis.url, name, tasks, ready, self.duration,
+                                   self.max_ops) for _ in range(procs)]
+            logs = [log for f in futures for log in f.result(timeout=300)]
+        after = self.client.info("commandstats")
+        counter = int(self.client.get(f"counter:{name}") or 0)
+        row = analyse(logs, counter)
+        calls = sum(after[k]["calls"] - before.get(k, {"calls": 0})["calls"] for k in after
+                    if not k.startswith(("cmdstat_info", "cmdstat_config")))
+        row["redis_cmds_per_acq"] = calls / max(1, row["acquisitions"]) - 2   # minus GET and SET
+        row["round_trip_ms"] = 1000 / floor
+        row["gap_p50_round_trips"] = None if row["gap_p50_ms"] is None else row["gap_p50_ms"] * floor / 1000
+        return row
 
 
 def _median_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -326,6 +363,14 @@ def markdown(r: dict[str, Any]) -> str:
                          f"{f(row['cross_wait_p99_ms'], 1)} | {f(row['fairness_max_min'], 2)} | "
                          f"{f(row['redis_cmds_per_acq'], 1)} |")
         lines.append("")
+        for label, v in r.get("contended_paired", {}).items():
+            steal, q = v["steal_pct"], v["quiet"]
+            quiet = f"{q['median']:.2f} ({q['rounds']})" if q.get("rounds") else "none"
+            lines.append(f"{label}, ylock ÷ redis.asyncio Lock in acquisitions/s, {v['rounds']} rounds of it, ylock, "
+                         f"ylock, it: {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f}); CPU stolen "
+                         f"{steal['median']:.0f} % ({steal['max']:.0f} %); the rounds with at most "
+                         f"{q['steal_pct_at_most']:.0f} % stolen: {quiet}.")
+            lines.append("")
     return "\n".join(lines)
 
 
@@ -336,9 +381,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--procs", type=int, default=4, help="processes of the multi-process contended runs")
     parser.add_argument("--tasks-per-process", type=int, default=4)
     parser.add_argument("--libs", default=None, help="comma-separated cases for the contended section")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"contended rounds of redis.asyncio Lock, ylock, ylock, it ({CONTENDED_ROUNDS}; quick 2)")
     args = parser.parse_args(argv)
     bench = AsyncBench(args.quick, runs_of(args), args.seconds, args.duration, args.tasks,
-                       args.procs, args.tasks_per_process, args.libs.split(",") if args.libs else None, args.max_ops)
+                       args.procs, args.tasks_per_process, args.libs.split(",") if args.libs else None, args.max_ops,
+                       args.rounds)
     return run_bench(bench, args.only, args, "aio", markdown)
 
 

@@ -9,8 +9,9 @@ in the results). Sections:
   ``alock``/``aunlock`` against redis.asyncio ``Lock``; ZooKeeper write pair against kazoo
   ``WriteLock`` (all uncontended);
 - ``floor``: 4 processes contending on ylock's fair lock and on a hand-written fair-handoff
-  floor (a ticket lock, :func:`bench.peers.ticket_lock`), a GET+SET counter inside; plus a
-  control with no lock, which must lose updates;
+  floor (a ticket lock, :func:`bench.peers.ticket_lock`), a GET+SET counter inside, in
+  rounds of floor, ylock, ylock, floor (one contended run each); plus a control with no
+  lock, which must lose updates;
 - ``tokens``: tokens as max(fence + 1, server TIME µs) against a copy of the scripts with
   the previous INCRBY tokens (patched in this process's script sources, not in ylock);
 - ``wait_replicas``: ``wait_replicas=1`` against 0 on Sentinel and on Cluster, one replica each;
@@ -48,16 +49,21 @@ from bench.run import (
     contended_run,
     machine,
     pair_op,
+    paired,
     paired_ratio,
     run_bench,
     runs_of,
     server_cpu,
-    stats,
+    with_steal,
 )
 from ylock.testing.redis import RedisCluster, RedisSentinel, RedisServer, make_tls_files
 from ylock.testing.zookeeper import ZooKeeperServer
 
 SECTIONS = "ratios,floor,tokens,wait_replicas,zk_suspended,acl,tls"
+
+#: Rounds of floor, ylock, ylock, floor in ``floor`` (a contended run takes a few seconds,
+#: most of them starting its processes).
+FLOOR_ROUNDS = 10
 
 #: The previous token scheme (main before tokens rose across failover): INCRBY on the fence
 #: key, seeded once from the server clock.
@@ -239,26 +245,23 @@ class Guarantees:
     def floor(self) -> None:
         procs = 4
         libs = ("fair-handoff floor (ticket lock)", "ylock redis (notify)")
-        rounds = 1 if self.quick else 2
-        runs: dict[str, list[dict[str, Any]]] = {lib: [] for lib in libs}
-        ratios = []
-        for _ in range(rounds):                           # floor, ylock, ylock, floor
-            got: dict[str, list[dict[str, Any]]] = {lib: [] for lib in libs}
-            for lib in (libs[0], libs[1], libs[1], libs[0]):
-                row = contended_run(lib, self.redis.url, self.zk.hosts, procs, self.duration, self.client)
-                got[lib].append(row)
-                runs[lib].append(row)
-            ratios.append(sum(r["acq_per_s"] for r in got[libs[1]]) / sum(r["acq_per_s"] for r in got[libs[0]]))
+        rounds = 1 if self.quick else FLOOR_ROUNDS
+
+        def run(lib: str) -> dict[str, Any]:
+            return with_steal(lambda: contended_run(lib, self.redis.url, self.zk.hosts, procs, self.duration,
+                                                    self.client))
+        # floor, ylock, ylock, floor in each round, ylock's acquisitions/s over the floor's
+        got = paired(lambda: run(libs[0]), lambda: run(libs[1]), rounds, "acq_per_s")
+        samples = got.pop("samples")
         rows: dict[str, Any] = {}
-        for lib in libs:
-            rows[lib] = {key: statistics.median(r[key] for r in runs[lib] if r[key] is not None)
-                         if key != "lost_updates" else max(r[key] for r in runs[lib])
+        for lib, runs in zip(libs, (samples["a"], samples["b"])):
+            rows[lib] = {key: statistics.median(r[key] for r in runs if r[key] is not None)
+                         if key != "lost_updates" else max(r[key] for r in runs)
                          for key in ("acq_per_s", "lost_updates", "redis_cmds_per_acq", "self_reacquire",
                                      "gap_p50_ms", "fairness_max_min")}
         control = contended_run("no lock (control)", self.redis.url, self.zk.hosts, procs, self.duration, self.client)
         rows["no lock (control)"] = {"acq_per_s": control["acq_per_s"], "lost_updates": control["lost_updates"]}
-        self.results["floor"] = {"processes": procs, "rounds": rounds, "rows": rows,
-                                 "ylock / floor": stats(ratios)}
+        self.results["floor"] = {"processes": procs, "rounds": rounds, "rows": rows, "ylock / floor": got}
 
     # -- 3a. tokens ---------------------------------------------------------------------------
 
@@ -460,9 +463,10 @@ def markdown(r: dict[str, Any]) -> str:
         ratio_rows("Uncontended pairs", r["ratios"])
     if "floor" in r:
         f = r["floor"]
+        v = f["ylock / floor"]
         lines += [f"**Contended fair handoff, {f['processes']} processes** (GET+SET counter inside; {f['rounds']} "
-                  f"rounds of floor, ylock, ylock, floor): ylock ÷ floor = {f['ylock / floor']['median']:.2f} "
-                  f"({f['ylock / floor']['min']:.2f}-{f['ylock / floor']['max']:.2f})", "",
+                  f"rounds of floor, ylock, ylock, floor): ylock ÷ floor = {v['median']:.2f} "
+                  f"({v['min']:.2f}-{v['max']:.2f}; stolen {stolen(v)}; quiet {quiet(v)})", "",
                   "| lock | acq/s | lost updates | Redis cmds/acq | self | gap p50 ms |",
                   "|---|---:|---:|---:|---:|---:|"]
         for lib, row in f["rows"].items():

@@ -124,28 +124,50 @@ def paired_ratio(a: Callable[[], Any], b: Callable[[], Any], rounds: int, second
     cancels out (on a busy machine, far steadier than a ratio of two medians). Under ``a``
     and ``b``: each side's medians over the rounds of :func:`measure`'s figures (rate, client
     CPU µs per operation, with ``server`` the server's, the CPU stolen by the hypervisor).
+    The stolen CPU and the quiet ratio as :func:`paired` gives them."""
+    out = paired(lambda: measure(a, seconds, server, per_call), lambda: measure(b, seconds, server, per_call),
+                 rounds, "rate")
+    for side, samples in out.pop("samples").items():
+        out[side] = {key: statistics.median(s[key] for s in samples) for key in samples[0]}
+    return out
+
+
+def paired(a: Callable[[], dict[str, Any]], b: Callable[[], dict[str, Any]], rounds: int,
+           key: str) -> dict[str, Any]:
+    """``b``'s ``key`` over ``a``'s, from ``rounds`` rounds of samples a, b, b, a (each call
+    of ``a`` or ``b`` takes one sample: a dict with ``key`` and ``steal_pct``, the share of
+    the CPU the hypervisor stole meanwhile): the median, min and max of the rounds' ratios;
     ``steal_pct``: the most stolen in each round's samples, over the rounds; ``quiet``: the
-    ratio over the rounds where at most :data:`QUIET_STEAL_PCT` was stolen, and how many."""
+    ratio over the rounds where at most :data:`QUIET_STEAL_PCT` was stolen, and how many;
+    ``samples``: every sample of each side, in order."""
     ratios, quiet, steals = [], [], []
-    sides: dict[str, list[dict[str, float]]] = {"a": [], "b": []}
+    samples: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
     for _ in range(rounds):
-        a1, b1, b2, a2 = (measure(f, seconds, server, per_call) for f in (a, b, b, a))
-        ratios.append((b1["rate"] + b2["rate"]) / (a1["rate"] + a2["rate"]))
+        a1, b1, b2, a2 = (f() for f in (a, b, b, a))
+        ratios.append((b1[key] + b2[key]) / (a1[key] + a2[key]))
         steal = max(s["steal_pct"] for s in (a1, b1, b2, a2))
         steals.append(steal)
         if steal <= QUIET_STEAL_PCT:
             quiet.append(ratios[-1])
-        sides["a"] += [a1, a2]
-        sides["b"] += [b1, b2]
+        samples["a"] += [a1, a2]
+        samples["b"] += [b1, b2]
     out: dict[str, Any] = stats(ratios)
     out["rounds"] = rounds
     # How much CPU the hypervisor stole (the most of a round's four samples), and the ratio
     # over the rounds where it stole little: every round counts in the median above.
     out["steal_pct"] = stats(steals)
     out["quiet"] = {**(stats(quiet) if quiet else {}), "rounds": len(quiet), "steal_pct_at_most": QUIET_STEAL_PCT}
-    for side, samples in sides.items():
-        out[side] = {key: statistics.median(s[key] for s in samples) for key in samples[0]}
+    out["samples"] = samples
     return out
+
+
+def with_steal(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``run()``'s result (a dict) with the share of the CPU stolen meanwhile (``steal_pct``):
+    a contended run as one sample of :func:`paired`."""
+    ticks = cpu_ticks()
+    row = run()
+    row["steal_pct"] = steal_pct(ticks, cpu_ticks())
+    return row
 
 
 def pair_op(pair: tuple[Callable[[], Any], Callable[[], Any]]) -> Callable[[], None]:
