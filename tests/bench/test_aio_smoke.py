@@ -38,7 +38,7 @@ def test_aio_contended_pairing_smoke(tmp_path):
     row the median of its runs (two a round)."""
     from bench.aio import main
 
-    results = main(["--runs", "1", "--rounds", "1", "--duration", "0.4", "--max-ops", "200", "--tasks", "3",
+    results = main(["--runs", "1", "--rounds", "1", "--duration", "0.5", "--max-ops", "200", "--tasks", "3",
                     "--procs", "2", "--tasks-per-process", "2", "--out", str(tmp_path), "--only", "contended",
                     "--libs", "ylock redis (asyncio),redis.asyncio Lock"])
     paired = results["contended_paired"]
