@@ -57,6 +57,8 @@ import redis.exceptions as rex
 from redis._parsers.encoders import Encoder
 from redis.connection import PythonRespSerializer
 
+from ylock.engines.base import cancelling
+
 logger = logging.getLogger("ylock.engines.redis")
 
 #: Connections of a pool that the lock path leaves to the client's own calls, at most.
@@ -829,7 +831,7 @@ class _ReadWatch:
     async def read(self, stream: asyncio.StreamReader, left: float) -> bytes:
         """``stream.read(65536)``, raising ``TimeoutError`` if nothing comes within ``left`` s."""
         task: Any = asyncio.current_task()
-        cancelling = task.cancelling() if hasattr(task, "cancelling") else 0     # Python >= 3.11
+        cancels = cancelling(task)
         self.task, self.fired = task, False
         self.deadline = deadline = self.loop.time() + left
         handle = self.handle
@@ -840,7 +842,7 @@ class _ReadWatch:
         try:
             return await stream.read(65536)
         except asyncio.CancelledError:
-            if self.fired and (not hasattr(task, "uncancel") or task.uncancel() <= cancelling):
+            if self.fired and (not hasattr(task, "uncancel") or task.uncancel() <= cancels):    # Python >= 3.11
                 raise TimeoutError from None
             raise
         finally:
