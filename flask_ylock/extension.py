@@ -27,7 +27,7 @@ import ylock.metrics
 from flask_ylock import signals
 from flask_ylock.cache import get_or_set as cache_get_or_set
 from flask_ylock.cli import ylock_cli
-from flask_ylock.state import State, in_config_terms, state
+from flask_ylock.state import State, state
 from ylock import events, names, web
 from ylock.engines.base import PERMIT, WRITE
 from ylock.owner import new_owner, owner_scope
@@ -53,10 +53,7 @@ class YLock:
             raise RuntimeError(f"ylock is already initialised on app {app.name!r}; call init_app once per app")
         state = State(app)
         for spec in self._limited:
-            try:
-                spec.check(state.registry)
-            except ylock.ConfigurationError as exc:
-                raise in_config_terms(exc, app) from exc
+            spec.check(state.registry)          # its errors name the app.config keys (the registry's names)
         app.extensions["ylock"] = state
         events.subscribe(signals.relay)
         app.before_request(self._before_request)

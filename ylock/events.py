@@ -118,6 +118,12 @@ class Acquisition:
         self.context = context
         self.notes: dict[Any, Any] = {}
 
+    def queued(self) -> None:
+        """The engine says the acquisition has to wait (its first try did not get it): each
+        watcher's :meth:`Watcher.waiting` hears it (the engine calls this once)."""
+        for watcher in self.watchers:
+            watcher.waiting(self)
+
 
 class Watcher(Protocol):
     """What a watcher of the lock path implements (see the module docstring). Like
@@ -132,7 +138,8 @@ class Watcher(Protocol):
         be extended here)."""
 
     def waiting(self, acquisition: Acquisition) -> None:
-        """The first try failed: the acquisition is about to wait."""
+        """The first try failed: the acquisition is about to wait (the engine says so, from
+        inside the acquisition: no request of its own)."""
 
     def waited(self, acquisition: Acquisition, token: int | None, error: BaseException | None) -> None:
         """The acquisition ended: a token, None (timed out) or ``error`` (raised after this)."""

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from ylock import events
 from ylock.engines.base import LOCK, SEMAPHORE
+from ylock.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,6 @@ class Tracing:
             # enable() before the application set its provider: the proxy's tracer is the
             # one the provider hands out for ylock (the SDK keeps one per name and version),
             # and a global provider is set once, so it is kept from now on.
-            from ylock import __version__
 
             tracer = self.tracer = self._trace.get_tracer_provider().get_tracer("ylock", __version__)
         if tracer is self._ids_of:
@@ -253,7 +253,6 @@ def enable(tracer_provider: Any = None) -> Tracing:
     global ACTIVE
     from opentelemetry import trace
 
-    from ylock import __version__
 
     provider = tracer_provider or trace.get_tracer_provider()
     disable()

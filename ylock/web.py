@@ -44,9 +44,11 @@ from typing import Any, NamedTuple, Union
 from ylock import options as opt
 from ylock.engines.base import PERMIT, READ, WRITE
 from ylock.errors import ConfigurationError, EngineUnavailable, LockLost, LockTimeout
-from ylock.lock import DEFAULT, Lock, Semaphore
+from ylock.guard import DEFAULT
+from ylock.lock import Lock
 from ylock.names import check_group, check_name, name_for
 from ylock.owner import owner_scope
+from ylock.semaphore import Semaphore
 
 logger = logging.getLogger(__name__)
 
@@ -129,21 +131,37 @@ class WebSettings:
     on_locked: Callable[..., Any] | None = None
 
 
-def web_settings(values: Mapping[str, Any], where: Callable[[str], str]) -> WebSettings:
+def web_settings(values: Mapping[str, Any], where: Callable[[str], str],
+                 problems: list[ConfigurationError] | None = None) -> WebSettings:
     """Validate the plugin settings ``values`` (keys of :data:`SETTINGS`; missing ones take
     their default); ``where(key)`` names a key as the user wrote it (``YLOCK['USER_LOCK']``
-    or ``YLOCK_USER_LOCK``). Raise ConfigurationError naming the first bad one."""
+    or ``YLOCK_USER_LOCK``). Raise ConfigurationError naming the first bad one; or, given a
+    ``problems`` list, append each bad key's error to it and use that key's default (a
+    settings check reports every problem, each key validated once)."""
     s = {**SETTINGS, **{k: v for k, v in values.items() if v is not None}}
-    status = opt.number(s["LOCKED_STATUS"], where("LOCKED_STATUS"), minimum=400, maximum=599, integer=True,
-                        code=opt.E_RESPONSE)
-    retry = s["RETRY_AFTER"]
-    if retry is not None:
-        retry = opt.number(retry, where("RETRY_AFTER"), minimum=0, maximum=86400, integer=True, code=opt.E_RESPONSE)
-    on_locked = s["ON_LOCKED"]
-    if on_locked is not None:
-        on_locked = opt.importable(on_locked, where("ON_LOCKED"), code=opt.E_RESPONSE, call=True)
-    return WebSettings(user_lock=user_lock_settings(s["USER_LOCK"], where("USER_LOCK")), locked_status=status,
-                       retry_after=retry, on_locked=on_locked)
+
+    def checked(key: str, check: Callable[[Any], Any]) -> Any:
+        try:
+            return check(s[key])
+        except ConfigurationError as exc:
+            if problems is None:
+                raise
+            problems.append(exc)
+            return check(SETTINGS[key])
+
+    def retry_after(value: Any) -> int | None:
+        return None if value is None else opt.number(value, where("RETRY_AFTER"), minimum=0, maximum=86400,
+                                                     integer=True, code=opt.E_RESPONSE)
+
+    def on_locked(value: Any) -> Callable[..., Any] | None:
+        return None if value is None else opt.importable(value, where("ON_LOCKED"), code=opt.E_RESPONSE, call=True)
+
+    return WebSettings(
+        user_lock=checked("USER_LOCK", lambda value: user_lock_settings(value, where("USER_LOCK"))),
+        locked_status=checked("LOCKED_STATUS", lambda value: opt.number(
+            value, where("LOCKED_STATUS"), minimum=400, maximum=599, integer=True, code=opt.E_RESPONSE)),
+        retry_after=checked("RETRY_AFTER", retry_after),
+        on_locked=checked("ON_LOCKED", on_locked))
 
 
 def user_lock_settings(value: Any, where: str) -> UserLock | None:
@@ -360,8 +378,8 @@ class LimitSpec(RequestSpec):
             return              # a problem of the settings themselves: their own check names it
         if self.permits is None and options.permits is None:
             raise opt.fail(f"{self.decorator}({self.name!r})", f"needs permits=N, or PERMITS in "
-                           f"{registry.where}['LOCKS'][{self.name!r}]", opt.E_LOCK_OPTION,
-                           f"e.g. {registry.where}['LOCKS'] = {{{self.name!r}: {{'PERMITS': 3}}}}")
+                           f"{registry.setting('LOCKS', self.name)}", opt.E_LOCK_OPTION,
+                           f"e.g. {registry.setting('LOCKS')} = {{{self.name!r}: {{'PERMITS': 3}}}}")
 
     def mode_for(self, request: object) -> str:
         return PERMIT

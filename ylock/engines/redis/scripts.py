@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 from importlib import resources
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ylock.engines.base import PERMIT, READ, WRITE
 
-__all__ = ["ACQUIRE", "FIRST_TRY", "NAMES", "RELEASE", "SOURCES", "TryFlags", "fill", "release_args"]
+__all__ = ["ACQUIRE", "FIRST_TRY", "NAMES", "RELEASE", "SOURCES", "Acquired", "Released", "TryFlags", "fill",
+           "release_args"]
 
 
 def _script(name: str) -> str:
@@ -73,3 +74,35 @@ _ENCODED = {flags: "".join("1" if flag else "0" for flag in flags)
 #: The encoded flags of a first try (stay, not queued yet), by fairness: made once, since
 #: every acquisition sends them.
 FIRST_TRY = {fair: TryFlags(fair, stay=True, queued=False).encode() for fair in (False, True)}
+
+
+class Acquired(NamedTuple):
+    """An acquire script's answer when it is not a bare token (the write fast path's, which
+    callers take first, as an int): ``{granted, value, evicted...}``."""
+
+    #: Whether the owner holds it now (acquired, granted meanwhile, or a writer downgrading).
+    granted: bool
+    #: Granted: the fencing token; else the milliseconds the holders' leases still run.
+    value: int
+    #: The dead waiters this call evicted from the queue (owner ids, as bytes).
+    evicted: list[Any]
+
+    @classmethod
+    def of(cls, reply: list[Any]) -> Acquired:
+        """Name the parts of an acquire script's list reply."""
+        return cls(reply[0] == 1, int(reply[1]), reply[2:])
+
+
+class Released(NamedTuple):
+    """A release script's answer: whether the owner still held it, and the dead waiters
+    evicted meanwhile (a bare 0 or 1 when none were)."""
+
+    held: bool
+    evicted: list[Any]
+
+    @classmethod
+    def of(cls, reply: Any) -> Released:
+        """Name the parts of a release script's reply (an int, or ``{held, evicted...}``)."""
+        if reply.__class__ is int:
+            return cls(bool(reply), [])
+        return cls(bool(reply[0]), reply[1:])
