@@ -118,7 +118,7 @@ class Holding:
     # -- the work (shared by both worlds; only the engine call differs) ---------------------------
 
     def _request(self, mode: str, owner: str, deadline: float | None, context: Mapping[str, Any] | None = None,
-                 queued: Callable[[], None] | None = None) -> AcquireRequest:
+                 queued: Callable[[Mapping[str, Mapping[str, Any]] | None], None] | None = None) -> AcquireRequest:
         # tuple.__new__ straight from C: a NamedTuple's own __new__ is a Python call per acquisition.
         return _new_request(AcquireRequest, (self.group, self.name, owner, mode, self.fair, self.lease, deadline,
                                              self.polling, self.permits,

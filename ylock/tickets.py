@@ -12,7 +12,7 @@ from ylock.engines.base import WRITE, Engine, RenewItem
 from ylock.errors import ConfigurationError, LockError, LockLost, LockNotOwned
 from ylock.holds import HOLDS, Hold
 from ylock.names import check_group, check_name
-from ylock.owner import current_owner
+from ylock.owner import current_owner, new_owner
 from ylock.owner import process_id as owner_process
 from ylock.watchdog import WATCHDOG
 
@@ -28,7 +28,7 @@ class Ticket(NamedTuple):
     group: str
     name: str
     mode: str             # "write", "read" or "permit"
-    owner: str            # the owner id that held it
+    owner: str            # the owner id that holds it until it is adopted: the ticket's own
     token: int            # the fencing token, unchanged by the hand-over
     lease: float
     permits: int          # a semaphore's permits (0 for a lock)
@@ -71,10 +71,17 @@ def detach(target: Any, lease: float | None) -> Ticket:
         if renewed is False:
             HOLDS.lose(hold, "the server no longer had this hold at detach")
             raise LockLost("the hold was lost before it could be detached", group=target.group, name=target.name)
+    # The hold becomes the ticket's own (an owner id nobody runs as): the detaching owner
+    # asking for the lock again must wait like anyone else, not be handed the ticket's hold,
+    # which its adopter would then hold too (two holders, one token).
+    holder = new_owner()
+    if not engine.adopt(target.group, target.name, mode, owner, holder, hold.token):
+        HOLDS.lose(hold, "the server no longer had this hold at detach")
+        raise LockLost("the hold was lost before it could be detached", group=target.group, name=target.name)
     HOLDS.remove(hold)
-    engine.detached(target.group, target.name, mode, owner, lease)
+    engine.detached(target.group, target.name, mode, holder, lease)
     events.publish(events.DETACHED, target.group, target.name, engine.scheme, mode, owner=owner, token=hold.token)
-    return Ticket(target.kind, target.group, target.name, mode, owner, hold.token, target.lease, target.permits,
+    return Ticket(target.kind, target.group, target.name, mode, holder, hold.token, target.lease, target.permits,
                   owner_process())
 
 

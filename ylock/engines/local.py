@@ -225,7 +225,7 @@ class LocalEngine(Engine):
                     wake = [t for t in (r.deadline, state.next_expiry()) if t is not None]
                     until = min(wake) if wake else None
                 if queued is not None:
-                    queued()                          # outside the mutex: a watcher may describe()
+                    queued(None)                      # outside the mutex: a watcher may describe()
                     queued = None
                 yield ("wait", waiter.mailbox, until)
         finally:

@@ -146,7 +146,7 @@ class HoldSteps:
                                                                           r.context))
             if attempt.token is not None:
                 return attempt
-            r.queued()
+            r.queued(None)
         if try_now:
             stmt = Stmt("try_s" if shared else "try_x", args, r.context)
         else:
@@ -248,7 +248,7 @@ class HoldSteps:
         if int(queued or 0) and token is None and r.deadline is not None and time.monotonic() >= r.deadline:
             return Attempt(None, True)             # full, and no time to wait: give the queue back
         if token is None and r.queued is not None:
-            r.queued()                             # the try found no permit: the watchers hear of the wait
+            r.queued(None)                         # the try found no permit: the watchers hear of the wait
         if not int(queued or 0) and token is None:
             if r.deadline is not None and time.monotonic() >= r.deadline:
                 if self.xact:

@@ -74,7 +74,7 @@ from ylock.engines.redis.clients import Clients, split_url
 from ylock.engines.redis.cluster import cluster_call, cluster_script_wait
 from ylock.engines.redis.hubs import Refusals, ThreadNotifyHub
 from ylock.engines.redis.keys import Keys
-from ylock.engines.redis.scripts import ACQUIRE, FIRST_TRY, RELEASE, Released, release_args
+from ylock.engines.redis.scripts import ACQUIRE, FIRST_TRY, FIRST_TRY_HOLDERS, RELEASE, Released, release_args
 from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps, queued_too_late
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
 from ylock.owner import _new_process, _same_process, check_fork
@@ -256,7 +256,7 @@ class RedisEngine(AsyncVerbs, Engine):
         mode = r.mode
         return (self._x_keys.get((r.group, r.name, mode)) or self._x(r.group, r.name, mode),
                 [r.owner, r.permits if r.mode == PERMIT else r.mode,
-                 FIRST_TRY[r.fair], int(r.lease * 1000),
+                 (FIRST_TRY if r.queued is None else FIRST_TRY_HOLDERS)[r.fair], int(r.lease * 1000),
                  int(r.polling.waiter_lease * 1000), r.context])
 
     def acquire(self, request: AcquireRequest) -> int | None:

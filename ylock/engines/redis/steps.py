@@ -8,7 +8,7 @@ import contextlib
 import time
 from typing import Any, NamedTuple
 
-from ylock.engines.base import Abandon, AcquireRequest, Steps
+from ylock.engines.base import Abandon, AcquireRequest, Steps, holder_context
 from ylock.engines.redis.keys import Keys
 from ylock.engines.redis.parts import EngineParts
 from ylock.engines.redis.scripts import ACQUIRE, RELEASE, Acquired, TryFlags, release_args
@@ -71,6 +71,7 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, key: str, args: list[A
     bound = None if r.deadline is None else r.deadline + socket_timeout
     unreachable_since: float | None = None
     queued = False
+    told = r.queued                  # told once, at the first wait (with the holders, asked for)
     acked = 0
     try:
         while True:
@@ -83,7 +84,7 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, key: str, args: list[A
                         return None
                     raise EngineUnavailable(f"Redis at {engine.url_for_display()} did not answer in time",
                                             group=r.group, name=r.name)
-                args[2] = TryFlags(fair, stay=not last_try, queued=queued).encode()
+                args[2] = TryFlags(fair, stay=not last_try, queued=queued, holders=told is not None).encode()
                 try:
                     reply, acked = yield Acquire(ACQUIRE[r.mode], key, args, end)
                     unreachable_since = None
@@ -105,12 +106,12 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, key: str, args: list[A
             if answer.granted:
                 yield from confirm_steps(engine, r, key, acked)
                 return answer.value
-            if not queued:
-                queued = True
-                if r.queued is not None:
-                    r.queued()
+            queued = True
             if last_try:
                 return None
+            if told is not None:
+                told(holders_of(answer.notes))
+                told = None
             block = min(next(intervals), max(0.001, answer.value / 1000))
             reply = None
             now = time.monotonic()
@@ -145,6 +146,20 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, key: str, args: list[A
         except EngineUnavailable:
             pass               # the queue entry and a grant's short lease expire on their own
         raise
+
+
+def holders_of(notes: list[Any] | None) -> dict[str, dict[str, Any]] | None:
+    """The holders' notes of a reply that queued (see :attr:`Acquired.notes`), described as
+    :attr:`ylock.LockInfo.context` describes them; None if the reply had none."""
+    if notes is None:
+        return None
+    out = {}
+    for i in range(0, len(notes) - 1, 2):
+        owner = notes[i].decode() if isinstance(notes[i], bytes) else notes[i]
+        note = notes[i + 1].decode() if isinstance(notes[i + 1], bytes) else notes[i + 1]
+        since, _, said = note.partition("|")
+        out[owner] = holder_context(owner, int(since) / 1000 if since.isdigit() else None, said)
+    return out
 
 
 def confirm_steps(engine: EngineParts, r: AcquireRequest, key: str, acked: int) -> Steps:

@@ -269,19 +269,22 @@ class ZooKeeperEngine(Engine):
                 claim.unsure = False
                 # Nodes of ours but for this one were left by earlier attempts of this owner
                 # whose create got no answer (kazoo sends a request queued during a
-                # disconnection once it reconnects): they block nobody of ours, and go.
+                # disconnection once it reconnects): they block nobody of ours, and go. A
+                # live one is not ours any more: a hold this owner detached, now a ticket's
+                # (or its adopter's), which blocks us as anyone's would.
+                live = keeper.live
                 for child in children:
-                    if child.startswith(claim.prefix) and child != mine:
+                    if child.startswith(claim.prefix) and child != mine and f"{lockpath}/{child}" not in live:
                         keeper.orphan(f"{lockpath}/{child}")
-                blockers = paths.blockers([c for c in children if c == mine or not c.startswith(claim.prefix)],
-                                          mine, r.mode)
+                blockers = paths.blockers([c for c in children if c == mine or not c.startswith(claim.prefix)
+                                           or f"{lockpath}/{c}" in live], mine, r.mode)
                 if len(blockers) < (r.permits if permit else 1):
                     return keeper.grant(claim)
                 if r.deadline is not None and time.monotonic() >= r.deadline:
                     yield from self._give_up(claim, end)
                     return None
                 if queued is not None:
-                    queued()
+                    queued(None)                 # the watchers read the holders' nodes if they need them
                     queued = None
                 if permit:
                     yield from self._wait_for_change(claim, r, end)
@@ -366,7 +369,9 @@ class ZooKeeperEngine(Engine):
             return base if base in children else None
         if not claim.unsure:
             return None
-        ours = sorted((c for c in children if c.startswith(claim.prefix)), key=paths.sequence)
+        live = self._keeper.live          # a live node of this prefix is a detached hold's: not ours
+        ours = sorted((c for c in children if c.startswith(claim.prefix) and f"{claim.lockpath}/{c}" not in live),
+                      key=paths.sequence)
         if not ours:
             return None
         for extra in ours[1:]:
