@@ -43,12 +43,14 @@ HEADER = "ylock_beat"
 _classes: dict[type[Scheduler], type[LeaderScheduler]] = {}
 
 
-class LeaderScheduler(Scheduler):
+class LeaderScheduler(Scheduler):  # type: ignore[misc]
     """A beat scheduler that sends only while it holds the beat lock (see the module
     docstring, and docs/celery.md for the settings). ``scheduler.leader`` is its
     :class:`~celery_ylock.beat.leader.BeatLeader` (``term``, ``since``, ``terms``)."""
 
     leader: BeatLeader
+    #: Marks the class (ylock_beat["scheduler"] must name another).
+    ylock_leader = True
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         settings = None

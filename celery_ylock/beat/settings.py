@@ -12,6 +12,7 @@ from celery.beat import Scheduler
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 
 from celery_ylock import conf
+from celery_ylock.beat.state import check_engine
 from ylock import options as opt
 from ylock.errors import ConfigurationError
 from ylock.waiting import Polling
@@ -62,7 +63,7 @@ def beat_settings(app: Celery) -> BeatSettings:
     lease = options.lease if values["lease"] is None else opt.lease(values["lease"], f"{WHERE}['lease']")
     poll = opt.seconds(values["poll"], f"{WHERE}['poll']", maximum=60.0)
     scheduler = scheduler_class(values["scheduler"], f"{WHERE}['scheduler']")
-    registry.engine(options.engine)       # a bad ENGINES entry fails here, not at the first tick
+    check_engine(registry.engine(options.engine), f"{WHERE}['lock'] = {name!r}")   # not at the first tick
     return BeatSettings(lock=name, engine=options.engine, group=options.group, name=options.lock_name,
                         fair=options.fair, lease=lease, polling=options.polling, scheduler=scheduler, poll=poll)
 
@@ -83,9 +84,7 @@ def scheduler_class(value: Any, where: str) -> type[Scheduler]:
     if not (isinstance(cls, type) and issubclass(cls, Scheduler)):
         raise opt.fail(where, f"must be a celery.beat.Scheduler subclass (or the path of one), got {value!r}",
                        opt.E_IMPORT)
-    from celery_ylock.beat.scheduler import LeaderScheduler
-
-    if issubclass(cls, LeaderScheduler):
+    if getattr(cls, "ylock_leader", False):           # LeaderScheduler or a subclass
         raise opt.fail(where, "names celery_ylock's LeaderScheduler itself: name the scheduler it wraps, such as "
                        "'celery.beat:PersistentScheduler'", opt.E_IMPORT)
     return cls

@@ -25,7 +25,7 @@ old token in the headers): see docs/celery.md.
 
 Engines: Redis (one hash per beat lock, ``<prefix>:beat:{<group>:<name>}``, changed by two
 Lua scripts in ``lua/``; Cluster-safe, in the lock's own hash slot), ZooKeeper (one znode,
-``/ylock-beat/<group>/<name>``, changed by versioned writes) and the local engine (in
+``<root>/:beat/<group>/<name>``, changed by versioned writes) and the local engine (in
 memory). Records are kept until the key is deleted (``ylock``'s commands do not list it).
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from ylock import options as opt
 from ylock.engines.base import Engine
 from ylock.errors import EngineUnavailable
 
-__all__ = ["CLAIMED", "FENCED", "CONFLICT", "Opened", "StateStore", "store_for", "ENTRY"]
+__all__ = ["CLAIMED", "FENCED", "CONFLICT", "ENTRY", "Opened", "StateStore", "check_engine", "store_for"]
 
 #: The outcomes of :meth:`StateStore.claim`.
 CLAIMED, FENCED, CONFLICT = "claimed", "fenced", "conflict"
@@ -157,18 +157,26 @@ def _text(value: Any) -> str:
 class ZooKeeperStateStore(StateStore):
     """The state as one JSON znode, changed by compare-and-set on its version."""
 
-    ROOT = "/ylock-beat"
-
     def __init__(self, engine: Any, group: str, name: str) -> None:
+        from ylock.engines.zookeeper.paths import escape
+
         super().__init__(group, name)
         self.engine = engine
-        self.path = f"{self.ROOT}/{group}/{name}"
+        # Under the engine's root, beside its locks: a group never starts with ":", so
+        # `ylock list` does not take this for a lock.
+        self.path = f"{engine.root.rstrip('/')}/:beat/{escape(group)}/{escape(name)}"
+
+    def _client(self) -> Any:
+        client = self.engine.client
+        if not client.connected:
+            self.engine.ping()          # waits for the connection (EngineUnavailable if none comes)
+        return client
 
     def _load(self) -> tuple[dict[str, str], int | None]:
         from kazoo.exceptions import NoNodeError
 
         try:
-            data, stat = self.engine.client.get(self.path)
+            data, stat = self._client().get(self.path)
         except NoNodeError:
             return {}, None
         state = json.loads(data.decode() or "{}") if data else {}
@@ -188,9 +196,9 @@ class ZooKeeperStateStore(StateStore):
                 data = json.dumps(new, separators=(",", ":")).encode()
                 try:
                     if version is None:
-                        self.engine.client.create(self.path, data, makepath=True)
+                        self._client().create(self.path, data, makepath=True)
                     else:
-                        self.engine.client.set(self.path, data, version=version)
+                        self._client().set(self.path, data, version=version)
                     return result
                 except (BadVersionError, NodeExistsError):
                     continue
@@ -277,16 +285,22 @@ class LocalStateStore(StateStore):
 # -- which one -----------------------------------------------------------------------------------------
 
 
-def store_for(engine: Engine, group: str, name: str, where: str = "app.conf.ylock_beat['lock']") -> StateStore:
-    """Return the state store of the beat lock ``group/name`` on ``engine``; raise
-    :class:`~ylock.ConfigurationError` (naming ``where``) for an engine that cannot keep it."""
-    scheme = engine.scheme
-    if scheme == "redis" and hasattr(engine, "client") and hasattr(engine, "prefix"):
+def check_engine(engine: Engine, where: str = "app.conf.ylock_beat['lock']") -> None:
+    """Raise :class:`~ylock.ConfigurationError` (naming ``where``) if ``engine`` cannot keep a
+    beat's shared state."""
+    if engine.scheme not in ("redis", "zookeeper", "local") or (
+            engine.scheme != "local" and not hasattr(engine, "client")):
+        raise opt.fail(where, f"names a lock on a {engine.scheme} engine ({engine.url_for_display()}): the beat "
+                       "keeps its shared schedule state on Redis, ZooKeeper or the local engine", opt.E_LOCK_OPTION,
+                       "give the beat's lock an ENGINE of one of those in LOCKS")
+
+
+def store_for(engine: Engine, group: str, name: str) -> StateStore:
+    """Return the state store of the beat lock ``group/name`` on ``engine`` (checked with
+    :func:`check_engine`)."""
+    check_engine(engine)
+    if engine.scheme == "redis":
         return RedisStateStore(engine, group, name)
-    if scheme == "zookeeper" and hasattr(engine, "client"):
+    if engine.scheme == "zookeeper":
         return ZooKeeperStateStore(engine, group, name)
-    if scheme == "local":
-        return LocalStateStore(engine, group, name)
-    raise opt.fail(where, f"names a lock on a {scheme} engine ({engine.url_for_display()}): the beat keeps its "
-                   "shared schedule state on Redis, ZooKeeper or the local engine", opt.E_LOCK_OPTION,
-                   "give the beat lock an ENGINE of one of those in LOCKS")
+    return LocalStateStore(engine, group, name)
