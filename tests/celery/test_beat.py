@@ -16,6 +16,7 @@ the run's time and the sender from its header, and the checks read those records
 """
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -144,6 +145,8 @@ def test_three_beats_send_once_through_sigkill_sigstop_and_sigterm(
                             lambda r: len(of(r, A, not_pid=third, after=termed_at)) >= 2, three)
     fourth = pid_of(of(records, A, after=termed_at)[0])
     state = celery_ylock.beat.status(status)
+    listed = subprocess.run([sys.executable, "-m", "ylock.cli", "--url", celery_env["CELERY_YLOCK_TEST_YLOCK_URL"],
+                             "list", "--group", lock, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     for beat in three:
         beat.stop()
     records = recorder.finish()
@@ -161,6 +164,10 @@ def test_three_beats_send_once_through_sigkill_sigstop_and_sigterm(
         after = of(records, entry, after=termed_at, pid=fourth)[0]
         assert time_of(after) - time_of(before) < 2 * PERIOD, (before, after)     # no run skipped
     assert state["terms"] >= 4
+    [held] = json.loads(listed.stdout)                                  # ylock list: who leads, since when
+    [said] = held["context"].values()
+    assert (held["mode"], said["what"], said["pid"]) == ("write", "celery beat", fourth), held
+    assert said["scheduler"] == "celery.beat.PersistentScheduler" and said["since"] >= termed_at
     assert set(state["entries"]) == {A, B}
     assert all(r["lock"] == f"{lock}/global" and r["header_entry"] == r["entry"] for r in records)
 
