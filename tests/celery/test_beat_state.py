@@ -149,6 +149,20 @@ def test_a_leader_whose_lock_was_taken_is_refused_at_its_next_claim(two: tuple[B
     assert state["entries"]["a"]["token"] == b.leader.token and state["terms"] == 2
 
 
+def test_an_engine_that_does_not_answer_makes_a_stand_by_wait_and_log_once(caplog: pytest.LogCaptureFixture) -> None:
+    app = Celery("beat-down", broker="memory://", set_as_current=False)
+    app.conf.update(ylock_url="redis://127.0.0.1:1/0?connect_timeout=0.2&socket_timeout=0.2",
+                    ylock_beat={"lock": "beat", "lease": 5, "poll": 0.25})
+    beat = Beat(app)
+    try:
+        with caplog.at_level("ERROR", logger="celery_ylock.beat"):
+            waits = [beat.call(beat.leader.standby) for _ in range(2)]
+        assert waits == [0.25, 0.25] and beat.leader.term is None           # not leading; ticks again after poll
+        assert len([r for r in caplog.records if "cannot reach the engine" in r.getMessage()]) == 1
+    finally:
+        beat.thread.shutdown()
+
+
 # -- the scheduler class -------------------------------------------------------------------------------
 
 
