@@ -120,9 +120,9 @@ def test_three_beats_send_once_through_sigkill_sigstop_and_sigterm(
     by_pid[first].kill()
     records = recorder.wait("a stand-by takes over from the killed leader",
                             lambda r: len(of(r, A, not_pid=first, after=killed_at)) >= 2, three)
-    second = pid_of(of(records, A, after=killed_at)[0])
-    elected = celery_ylock.beat.status(status)["leader"]
-    assert elected["sender"].endswith(f":{second}") and elected["since"] - killed_at <= LEASE + PERIOD
+    taken_over = of(records, A, after=killed_at)[0]
+    second = pid_of(taken_over)
+    assert time_of(taken_over) - killed_at <= LEASE + PERIOD      # replaced within the lease (a due run at once)
 
     # SIGSTOP past the lease: a third beat takes over; SIGCONT: the old leader finds out before it sends.
     second_token = of(records, A, pid=second)[-1]["token"]
