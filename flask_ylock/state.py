@@ -3,12 +3,13 @@ object, so one ``YLock()`` serves several apps), and :func:`state`, which finds 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from flask import Flask, current_app, has_app_context
 
 import ylock
 import ylock.metrics
-from flask_ylock.config import settings_from_app, web_settings_from_app, where
+from flask_ylock.config import idempotency_settings, settings_from_app, web_settings_from_app, where
 from ylock.registry import TOP_KEYS, Registry
 
 
@@ -28,6 +29,8 @@ class State:
         ylock.metrics.validate(self.settings["METRICS"], setting=where("METRICS"))
         self.metrics = ylock.metrics.configure(self.settings["METRICS"], setting=where("METRICS"))
         self.user_locks = None if self.web.user_lock is None else self.web.user_lock.specs()
+        self.idempotency = idempotency_settings(app)      # YLOCK_IDEMPOTENCY: the defaults of @idempotent
+        self.idempotency_stores: dict[int, Any] = {}       # the record stores built for its caches
 
 
 def in_config_terms(exc: ylock.ConfigurationError, app: Flask) -> ylock.ConfigurationError:
