@@ -97,7 +97,8 @@ def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
 
 @register(TAG, Tags.compatibility, Tags.caches)
 def check_idempotency(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Check the stores and leases of the @idempotent views (and of YLOCK["IDEMPOTENCY"]):
+    """Check the stores and leases of the @idempotent views that the URLconf serves (and of
+    YLOCK["IDEMPOTENCY"] when it is set):
     E014 a per-process cache when DEBUG is False, E015 a store that cannot keep the records
     (an alias not in CACHES, a cache without a compare-and-set, an engine with no place for
     them), W005 a ttl shorter than the key lock's lease."""
@@ -108,10 +109,16 @@ def check_idempotency(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
     config = conf.current()
     if any(p.code == ylock.options.E_IDEMPOTENCY for p in config.problems):
         return []   # check_settings names them
-    _import_urlconf()
+    try:
+        views = idempotency.decorated_views()
+    except Exception:               # a broken URLconf: Django's URL checks report it
+        views = []
+    used = [d.options(config) for d in views]
+    if isinstance(config.raw, dict) and "IDEMPOTENCY" in config.raw:
+        used.insert(0, config.idempotency)      # the setting's store, even before a view uses it
     messages: list[CheckMessage] = []
     seen: set[Any] = set()
-    for options in [config.idempotency, *(d.options(config) for d in idempotency.DECORATED)]:
+    for options in used:
         store = options.cache
         if ("store", store, options.lock) not in seen:
             seen.add(("store", store, options.lock))
@@ -163,13 +170,3 @@ def _store_problems(alias: str | None, lock: str, config: conf.Config, settings:
                            "lock engine's server); a per-process cache is for DEBUG and tests",
                       id=_id("E014"))]
     return []
-
-
-def _import_urlconf() -> None:
-    """Import the URLconf, so that every @idempotent view is decorated (and known) by now."""
-    try:
-        from django.urls import get_resolver
-
-        get_resolver().url_patterns  # noqa: B018
-    except Exception:               # Django's URL checks report a broken URLconf
-        pass

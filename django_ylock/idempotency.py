@@ -50,8 +50,9 @@ logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Every @idempotent of the project (the system checks look at their stores and leases).
-DECORATED: list[Idempotent] = []
+#: The attribute that marks a view decorated by @idempotent (the system checks find them
+#: in the URLconf by it: see :func:`decorated_views`).
+MARK = "_ylock_idempotent"
 #: Kinds of store a cache backend gives (see :func:`cache_kind`).
 REDIS, PER_PROCESS, UNSUPPORTED = "redis", "per-process", "unsupported"
 
@@ -85,7 +86,6 @@ def idempotent(header: Any = ylock.DEFAULT, *, required: Any = ylock.DEFAULT, tt
     decorator = Idempotent(idem.check_given(
         {"header": header, "required": required, "ttl": ttl, "scope": scope, "timeout": timeout, "lease": lease,
          "cache": cache, "lock": lock}, check_cache=conf.check_cache))
-    DECORATED.append(decorator)
     return decorator.decorate
 
 
@@ -124,12 +124,44 @@ class Idempotent:
                     # The user (a database read) and the session must not be touched on the loop.
                     scope = await sync_to_async(exchange.scope)(behaviour.options.scope)
                 return await behaviour.arun(exchange, lambda: view(request, *args, **kwargs), scope)
+            setattr(async_view, MARK, self)
             return async_view  # type: ignore[return-value]
 
         @functools.wraps(view)
         def sync_view(request: Any, *args: Any, **kwargs: Any) -> Any:
             return self.behaviour(request).run(Exchange(request, args, kwargs), lambda: view(request, *args, **kwargs))
+        setattr(sync_view, MARK, self)
         return sync_view  # type: ignore[return-value]
+
+
+def decorated_views(patterns: Any = None) -> list[Idempotent]:
+    """The @idempotent decorators of the views the URLconf serves (``patterns``: default the
+    root URLconf's): function views, class-based views' ``dispatch`` and handlers (through
+    ``method_decorator``), and Django REST framework's ``@api_view`` functions."""
+    if patterns is None:
+        from django.urls import get_resolver
+
+        patterns = get_resolver().url_patterns
+    found: list[Idempotent] = []
+    for pattern in patterns:
+        if hasattr(pattern, "url_patterns"):
+            found.extend(decorated_views(pattern.url_patterns))
+            continue
+        callback = getattr(pattern, "callback", None)
+        candidates = [callback]
+        view_class = getattr(callback, "view_class", None)
+        if view_class is not None:
+            for name in ("dispatch", *getattr(view_class, "http_method_names", ())):
+                method = getattr(view_class, name, None)
+                candidates.append(method)
+                # @api_view: the handler calls the decorated function, kept in its closure
+                candidates.extend(cell.cell_contents for cell in getattr(method, "__closure__", None) or ()
+                                  if callable(getattr(cell, "cell_contents", None)))
+        for candidate in candidates:
+            mark = getattr(candidate, MARK, None)
+            if isinstance(mark, Idempotent) and mark not in found:
+                found.append(mark)
+    return found
 
 
 # -- the store -----------------------------------------------------------------------------------
@@ -177,7 +209,7 @@ def store_for(options: idem.Options, config: conf.Config) -> RecordStore:
     backend: BaseCache = caches[alias]
     kind = cache_kind(type(backend))
     if kind == REDIS:
-        client = backend._cache.get_client(None, write=True)  # type: ignore[attr-defined]
+        client = backend._cache.get_client(None, write=True)
         return RedisRecords(client, backend.make_key("ylock-idempotency:"), label=f"cache {alias!r}")
     if kind == PER_PROCESS:
         with _local_mutex:

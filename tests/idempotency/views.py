@@ -21,7 +21,7 @@ import redis
 from tests.web.served import park
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _counter(url: str) -> redis.Redis:
     return redis.Redis.from_url(url)
 
