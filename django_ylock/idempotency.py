@@ -41,7 +41,7 @@ from django.utils.module_loading import import_string
 import ylock
 from django_ylock import conf
 from django_ylock.decorators import _is_async
-from django_ylock.request_lock import answer, request_owner
+from django_ylock.request_lock import answer, request_held, request_owner
 from ylock import idempotency as idem
 from ylock import web
 from ylock.idempotency.records import LocalRecords, RecordStore, RedisRecords, StoredResponse
@@ -108,8 +108,9 @@ class Idempotent:
     def behaviour(self, request: HttpRequest) -> idem.Idempotency[HttpResponseBase]:
         config = conf.current()
         o = self.options(config)
-        owner = request_owner(getattr(request, "_request", request))
-        return idem.Idempotency(o, store_for(o, config), idem.lock_family(config.registry, o.lock, o.lease), owner)
+        django_request = getattr(request, "_request", request)      # under DRF: its HttpRequest
+        return idem.Idempotency(o, store_for(o, config), idem.lock_family(config.registry, o.lock, o.lease),
+                                request_owner(django_request), request_held(django_request))
 
     def decorate(self, view: F) -> F:
         if _is_async(view):
@@ -134,15 +135,16 @@ class Idempotent:
         return sync_view  # type: ignore[return-value]
 
 
-def decorated_views(patterns: Any = None) -> list[Idempotent]:
-    """The @idempotent decorators of the views the URLconf serves (``patterns``: default the
-    root URLconf's): function views, class-based views' ``dispatch`` and handlers (through
-    ``method_decorator``), and Django REST framework's ``@api_view`` functions."""
+def decorated_views(patterns: Any = None) -> list[tuple[Idempotent, Any]]:
+    """The views the URLconf serves (``patterns``: default the root URLconf's) that are
+    @idempotent, as (decorator, the URL's view): function views, class-based views'
+    ``dispatch`` and handlers (through ``method_decorator``), and Django REST framework's
+    ``@api_view`` functions."""
     if patterns is None:
         from django.urls import get_resolver
 
         patterns = get_resolver().url_patterns
-    found: list[Idempotent] = []
+    found: list[tuple[Idempotent, Any]] = []
     for pattern in patterns:
         if hasattr(pattern, "url_patterns"):
             found.extend(decorated_views(pattern.url_patterns))
@@ -159,8 +161,8 @@ def decorated_views(patterns: Any = None) -> list[Idempotent]:
                                   if callable(getattr(cell, "cell_contents", None)))
         for candidate in candidates:
             mark = getattr(candidate, MARK, None)
-            if isinstance(mark, Idempotent) and mark not in found:
-                found.append(mark)
+            if isinstance(mark, Idempotent) and (mark, callback) not in found:
+                found.append((mark, callback))
     return found
 
 

@@ -179,7 +179,7 @@ class YLock:
         given = ylock.idempotency.check_given(
             {"header": header, "required": required, "ttl": ttl, "scope": scope, "timeout": timeout, "lease": lease,
              "cache": cache, "lock": lock}, check_cache=check_cache)
-        return idempotency.Idempotent(given, request_owner, current_user_key, answer).decorate
+        return idempotency.Idempotent(given, request_owner, _held, current_user_key, answer).decorate
 
     # -- per-user locking around requests ---------------------------------------------------
 

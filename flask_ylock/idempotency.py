@@ -36,16 +36,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Idempotent:
     """One ``@ylock.idempotent(...)``: its arguments, resolved against each app's settings.
     The extension hands it how it reads the request's owner and user and how it answers
-    (``owner()``, ``user_key(anonymous)``, ``answer(refusal)``)."""
+    (``owner()``, ``held()``, ``user_key(anonymous)``, ``answer(refusal)``)."""
 
-    def __init__(self, given: dict[str, Any], owner: Callable[[], str], user_key: Callable[[str], str | None],
-                 answer: Callable[[Any], Response]) -> None:
-        self.given, self.owner, self.user_key, self.answer = given, owner, user_key, answer
+    def __init__(self, given: dict[str, Any], owner: Callable[[], str], held: Callable[[], Any],
+                 user_key: Callable[[str], str | None], answer: Callable[[Any], Response]) -> None:
+        self.given, self.owner, self.held, self.user_key, self.answer = given, owner, held, user_key, answer
 
     def behaviour(self) -> idem.Idempotency[Response]:
         st = state()
         o = replace(st.idempotency, **self.given)
-        return idem.Idempotency(o, store_for(o, st), idem.lock_family(st.registry, o.lock, o.lease), self.owner())
+        return idem.Idempotency(o, store_for(o, st), idem.lock_family(st.registry, o.lock, o.lease), self.owner(),
+                                self.held())
 
     def decorate(self, view: F) -> F:
         if inspect.iscoroutinefunction(view):

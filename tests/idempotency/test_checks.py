@@ -43,6 +43,7 @@ def test_every_kind_of_view_is_found(project: Any) -> None:
     from django_ylock.idempotency import decorated_views
 
     assert len(decorated_views()) == 7      # fbv, waiting, engine, async, cbv (dispatch), drf (post), @api_view
+    assert len({decorator for decorator, _ in decorated_views()}) == 7
 
 
 def test_a_per_process_cache_is_an_error_unless_debug(project: Any) -> None:
@@ -119,3 +120,17 @@ def test_bad_arguments_fail_where_applied(arguments: dict[str, Any], message: st
     with pytest.raises(ValueError) as raised:
         django_ylock.idempotent(**arguments)
     assert message in str(raised.value)
+
+
+def test_a_view_in_atomic_requests_is_a_warning(project: Any) -> None:
+    project.ROOT_URLCONF = "tests.idempotency.atomic_urls"
+    database = project.DATABASES["default"]
+    before = database.get("ATOMIC_REQUESTS", False)
+    database["ATOMIC_REQUESTS"] = True       # in place: overriding DATABASES would rebuild the connections
+    try:
+        found = ylock_checks()
+    finally:
+        database["ATOMIC_REQUESTS"] = before
+    assert list(found) == ["django_ylock.W006"]
+    assert "tests.idempotency.atomic_urls.in_transaction runs in the transaction of ATOMIC_REQUESTS ('default')" \
+        in found["django_ylock.W006"] and "non_atomic_requests" in found["django_ylock.W006"]

@@ -37,6 +37,7 @@ def test_a_retry_replays_the_first_response_byte_for_byte(django_site: str, view
         assert not again.cookies                 # the view's cookie is not replayed
     assert runs(view, key) == 1
     assert json.loads(first.content)["run"] == 1
+    assert isinstance(json.loads(first.content)["token"], int)   # current_lock(request, "idempotency") in the view
 
 
 @pytest.mark.parametrize("view", VIEWS)

@@ -223,6 +223,7 @@ def test_a_stopped_worker_does_not_overwrite_the_retrys_response(site: Site) -> 
         late = stale.result(60)
         # The fault happened: the stopped request ran its view to the end, after the retry.
         assert late.status_code == 201 and late.json()["run"] == 1 and late.json()["pid"] == pid
+        assert late.json()["token"] < newer.json()["token"]        # the retry's hold is the newer one
         replay = site.post(path, key)
         assert replay.headers["Idempotent-Replayed"] == "true"
         assert replay.content == newer.content != late.content

@@ -36,8 +36,9 @@ def runs(view: str, key: str | None) -> int:
     return int(_counter(os.environ["YLOCK_TEST_COUNTER"]).get(f"runs:{view}:{key}") or 0)
 
 
-def pay(view: str, key: str | None, raw: bytes) -> tuple[int, dict[str, Any]]:
-    """What every view does: (status, body)."""
+def pay(view: str, key: str | None, raw: bytes, token: int | None = None) -> tuple[int, dict[str, Any]]:
+    """What every view does: (status, body). ``token``: the fencing token of the key's lock
+    (``current_lock(..., "idempotency")``), None in the undecorated view."""
     data = json.loads(raw or b"{}")
     n = run_count(view, key)
     if data.get("park"):
@@ -46,7 +47,7 @@ def pay(view: str, key: str | None, raw: bytes) -> tuple[int, dict[str, Any]]:
         raise RuntimeError("the first run fails")
     if data.get("fail") == "first" and n == 1:
         return 500, {"error": "the first run fails", "run": n}
-    return 201, {"view": view, "amount": data.get("amount"), "run": n, "pid": os.getpid()}
+    return 201, {"view": view, "amount": data.get("amount"), "run": n, "pid": os.getpid(), "token": token}
 
 
 # -- Django --------------------------------------------------------------------------------------------
@@ -63,8 +64,14 @@ def _django() -> list[Any]:
 
     import django_ylock
 
+    def token(request: Any) -> int | None:
+        try:
+            return django_ylock.current_lock(request, "idempotency").token
+        except LookupError:
+            return None
+
     def answer(view: str, request: Any) -> JsonResponse:
-        status, body = pay(view, request.headers.get("Idempotency-Key"), request.body)
+        status, body = pay(view, request.headers.get("Idempotency-Key"), request.body, token(request))
         response = JsonResponse(body, status=status)
         response["X-Payment-Run"] = str(body["run"])
         response.set_cookie("seen", "1")
@@ -103,7 +110,7 @@ def _django() -> list[Any]:
 
         @method_decorator(django_ylock.idempotent())
         def post(self, request: Any) -> Response:
-            status, body = pay("drf", request.headers.get("Idempotency-Key"), request.body)
+            status, body = pay("drf", request.headers.get("Idempotency-Key"), request.body, token(request))
             assert request.data is not None          # DRF still parses the body after us
             return Response(body, status=status, headers={"X-Payment-Run": str(body["run"])})
 
@@ -111,7 +118,7 @@ def _django() -> list[Any]:
     @renderer_classes([JSONRenderer])
     @django_ylock.idempotent()
     def drf_function(request: Any) -> Response:
-        status, body = pay("drf-fn", request.headers.get("Idempotency-Key"), request.body)
+        status, body = pay("drf-fn", request.headers.get("Idempotency-Key"), request.body, token(request))
         return Response(body, status=status, headers={"X-Payment-Run": str(body["run"])})
 
     return [path("fbv/pay", fbv), path("waiting/pay", waiting), path("plain/pay", plain),
@@ -125,6 +132,7 @@ def create_flask_app(url: str | None = None, instance: str | None = None, **conf
     """The Flask app (gunicorn 'tests.idempotency.views:create_flask_app()'): the same views."""
     from flask import Flask, jsonify, request
 
+    import flask_ylock
     from flask_ylock import YLock
 
     app = Flask("idempotent", instance_path=instance or os.environ["YLOCK_TEST_INSTANCE"])
@@ -132,8 +140,14 @@ def create_flask_app(url: str | None = None, instance: str | None = None, **conf
                       YLOCK_LOCKS={"idempotency": {"LEASE": 2}}, **config)
     ext = YLock()
 
+    def token() -> int | None:
+        try:
+            return flask_ylock.current_lock("idempotency").token
+        except LookupError:
+            return None
+
     def answer(view: str) -> Any:
-        status, body = pay(view, request.headers.get("Idempotency-Key"), request.get_data())
+        status, body = pay(view, request.headers.get("Idempotency-Key"), request.get_data(), token())
         response = jsonify(body)
         response.status_code = status
         response.headers["X-Payment-Run"] = str(body["run"])

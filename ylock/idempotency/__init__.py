@@ -253,12 +253,18 @@ class _Plan:
 class Idempotency(Generic[R]):
     """The behaviour of one idempotent view for one request (see the module docstring):
     ``options`` resolved, ``store`` and ``locks`` (the key locks' family) chosen by the
-    plugin, ``owner`` the request's owner id (or None: the thread or task)."""
+    plugin, ``owner`` the request's owner id (or None: the thread or task), ``held`` the
+    request's :class:`ylock.web.Held` (while the view runs, the plugins' ``current_lock``
+    returns the key's lock under the family's name: its token fences the view's writes)."""
 
-    __slots__ = ("options", "store", "locks", "owner")
+    __slots__ = ("options", "store", "locks", "owner", "held")
 
-    def __init__(self, options: Options, store: RecordStore, locks: Locks, owner: str | None = None) -> None:
-        self.options, self.store, self.locks, self.owner = options, store, locks, owner
+    def __init__(self, options: Options, store: RecordStore, locks: Locks, owner: str | None = None,
+                 held: web.Held | None = None) -> None:
+        self.options, self.store, self.locks, self.owner, self.held = options, store, locks, owner, held
+
+    def _holding_lock(self, lock: Lock) -> Any:
+        return self.held.holding(self.options.lock, lock) if self.held is not None else contextlib.nullcontext()
 
     def _scope(self) -> Any:
         return owner_scope(self.owner) if self.owner is not None else contextlib.nullcontext()
@@ -345,7 +351,9 @@ class Idempotency(Generic[R]):
         if record is not None:
             return self._known(record, plan, exchange) or self._busy(exchange)
         try:
-            response, stored = exchange.capture(view())
+            with self._holding_lock(plan.lock):
+                result = view()
+            response, stored = exchange.capture(result)
         except BaseException:
             self._abort_quietly(plan, token)
             raise
@@ -390,7 +398,9 @@ class Idempotency(Generic[R]):
         if record is not None:
             return self._known(record, plan, exchange) or self._busy(exchange)
         try:
-            response, stored = exchange.capture(await view())
+            with self._holding_lock(plan.lock):
+                result = await view()
+            response, stored = exchange.capture(result)
         except BaseException:
             # A cancelled request too: the key is freed (in a thread the cancellation cannot stop).
             await asyncio.shield(asyncio.to_thread(self._abort_quietly, plan, token))
