@@ -78,11 +78,14 @@ def idempotent(header: Any = ylock.DEFAULT, *, required: Any = ylock.DEFAULT, tt
     (the key reused for another method, path or body), the replay with
     ``Idempotent-Replayed: true``, 503 (the engine or the store out of reach). A 5xx or an
     exception is not stored. Checked here, when applied. Works on sync and async function
-    views, class-based views through ``method_decorator(idempotent(), name="dispatch")``,
+    views (``@idempotent`` with no parentheses too), class-based views through
+    ``method_decorator(idempotent(), name="dispatch")``,
     and Django REST framework: ``@api_view`` functions and ``APIView`` handlers
     (``method_decorator(idempotent(), name="post")``, where the request's user is the one
     DRF authenticated).
     """
+    if callable(header):                # @idempotent without parentheses
+        return idempotent()(header)  # type: ignore[no-any-return]
     decorator = Idempotent(idem.check_given(
         {"header": header, "required": required, "ttl": ttl, "scope": scope, "timeout": timeout, "lease": lease,
          "cache": cache, "lock": lock}, check_cache=conf.check_cache))

@@ -176,6 +176,8 @@ class YLock:
         default: the app's Flask-Caching cache when it has one, else the lock engine's
         server), None (the lock engine's server) or a Flask-Caching ``Cache``. Checked here,
         when applied; works on sync and async views and with no arguments at all."""
+        if callable(header):            # @ylock.idempotent without parentheses
+            return self.idempotent()(header)  # type: ignore[no-any-return]
         given = ylock.idempotency.check_given(
             {"header": header, "required": required, "ttl": ttl, "scope": scope, "timeout": timeout, "lease": lease,
              "cache": cache, "lock": lock}, check_cache=check_cache)

@@ -33,3 +33,15 @@ def django_site(settings: Any, redis_server: Any, counter: str) -> Iterator[str]
         assert not held, f"locks left held: {held}"
     finally:
         engine.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failing test's report gets the output of the gunicorn servers (tests/deploy/helpers.py)."""
+    from tests.deploy.helpers import started
+
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.when == "call":
+        for served in started:
+            report.sections.append((f"output of {served.name} (port {served.port})", served.output()[-8000:]))

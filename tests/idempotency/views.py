@@ -92,7 +92,7 @@ def _django() -> list[Any]:
     def engine_store(request: Any) -> JsonResponse:
         return answer("engine", request)
 
-    @django_ylock.idempotent()
+    @django_ylock.idempotent
     async def async_fbv(request: Any) -> JsonResponse:
         return answer("async", request)
 
@@ -169,7 +169,7 @@ def create_flask_app(url: str | None = None, instance: str | None = None, **conf
         return answer("plain")
 
     @app.post("/async/pay")
-    @ext.idempotent()
+    @ext.idempotent
     async def async_fbv() -> Any:
         return answer("async")
 
