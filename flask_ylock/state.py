@@ -2,11 +2,13 @@
 object, so one ``YLock()`` serves several apps), and :func:`state`, which finds it."""
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Flask, current_app, has_app_context
 
 import ylock
 import ylock.metrics
-from flask_ylock.config import setting_name, settings_from_app, web_settings_from_app, where
+from flask_ylock.config import idempotency_settings, setting_name, settings_from_app, web_settings_from_app, where
 from ylock.registry import TOP_KEYS, Registry
 
 
@@ -23,6 +25,8 @@ class State:
         ylock.metrics.validate(self.settings["METRICS"], setting=where("METRICS"))
         self.metrics = ylock.metrics.configure(self.settings["METRICS"], setting=where("METRICS"))
         self.user_locks = None if self.web.user_lock is None else self.web.user_lock.specs()
+        self.idempotency = idempotency_settings(app)      # YLOCK_IDEMPOTENCY: the defaults of @idempotent
+        self.idempotency_stores: dict[int, Any] = {}       # the record stores built for its caches
 
 
 def state(app: Flask | None = None) -> State:
