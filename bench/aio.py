@@ -27,7 +27,6 @@ hypervisor stole). Writes ``results/aio.json`` and ``aio.md``.
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import time
 import uuid
@@ -40,10 +39,17 @@ import redis.asyncio as aredis
 
 import ylock
 from bench.common import (
+    TopicBench,
+    add_round_trips,
+    add_vs_floor,
     bench_parser,
-    machine,
+    commands_since,
+    handoff_table,
+    load_tail,
+    machine_line,
     measure,
     median_rows,
+    pair_op,
     paired,
     rate,
     run_bench,
@@ -51,10 +57,10 @@ from bench.common import (
     server_cpu,
     spawn,
     stats,
+    uncontended_table,
     with_steal,
 )
 from bench.contended import analyse
-from ylock.testing.redis import RedisServer
 
 #: Rounds of redis.asyncio's Lock, ylock, ylock, redis.asyncio's Lock per contended shape
 #: (``--quick``: 2): their ratio, the median over the rounds, the drift of the machine's
@@ -116,13 +122,6 @@ def _redis_async(lock: Any) -> Callable[[], Awaitable[None]]:
     return op
 
 
-def _sync(acquire: Callable[[], Any], release: Callable[[], Any]) -> Callable[[], None]:
-    def op() -> None:
-        acquire()
-        release()
-    return op
-
-
 # -- contended: one process's tasks ------------------------------------------------------------
 
 async def _tasks(lib: str, redis_url: str, name: str, tasks: int, ready: Any, duration: float,
@@ -169,14 +168,14 @@ def worker(lib: str, redis_url: str, name: str, tasks: int, ready: Any, duration
     return asyncio.run(_tasks(lib, redis_url, name, tasks, ready, duration, max_ops))
 
 
-class AsyncBench:
+class AsyncBench(TopicBench):
+    DURATION = 2.0
+    records_load = True
+
     def __init__(self, quick: bool, runs: int, seconds: float | None = None, duration: float | None = None,
                  tasks: int = 8, procs: int = 4, tasks_per_process: int = 4, libs: list[str] | None = None,
                  max_ops: int = 200_000, rounds: int | None = None) -> None:
-        self.quick = quick
-        self.runs = runs
-        self.seconds = seconds or (0.3 if quick else 1.0)
-        self.duration = duration or (1.5 if quick else 2.0)
+        super().__init__(quick, runs, seconds, duration)
         self.tasks = tasks
         self.procs = procs
         self.tasks_per_process = tasks_per_process
@@ -184,16 +183,7 @@ class AsyncBench:
         self.max_ops = max_ops
         #: Rounds of the contended pairing (see :data:`CONTENDED_ROUNDS`).
         self.rounds = rounds or (2 if quick else CONTENDED_ROUNDS)
-        self.redis = RedisServer().start()
-        self.client = redis.Redis.from_url(self.redis.url)
-        self.results: dict[str, Any] = {"machine": machine(), "quick": quick, "runs": runs,
-                                        "load_before": os.getloadavg()}
-        # the server this run started (the first redis-server on PATH may be another build)
-        self.results["machine"]["redis_server"] = f"Redis server v={self.client.info('server')['redis_version']}"
-
-    def close(self) -> None:
-        self.results["load_after"] = os.getloadavg()
-        self.redis.stop()
+        self.start_redis()
 
     def uncontended(self) -> None:
         asyncio.run(self._uncontended())
@@ -214,11 +204,11 @@ class AsyncBench:
             "floor: EVALSHA round trip (redis-py)": ("sync", trivial, False),
             "floor: EVALSHA round trip (redis.asyncio)": ("async", atrivial, True),
             "ylock redis alock/aunlock (asyncio)": ("async", _ylock_async(lock), True),
-            "ylock redis lock/unlock (blocking)": ("sync", _sync(lock.lock, lock.unlock), False),
+            "ylock redis lock/unlock (blocking)": ("sync", pair_op((lock.lock, lock.unlock)), False),
             "redis.asyncio Lock acquire/release": ("async", _redis_async(arlock), True),
-            "redis-py Lock acquire/release (blocking)": ("sync", _sync(rlock.acquire, rlock.release), False),
+            "redis-py Lock acquire/release (blocking)": ("sync", pair_op((rlock.acquire, rlock.release)), False),
             "ylock local alock/aunlock (asyncio)": ("local", _ylock_async(local_lock), True),
-            "ylock local lock/unlock (blocking)": ("local", _sync(local_lock.lock, local_lock.unlock), False),
+            "ylock local lock/unlock (blocking)": ("local", pair_op((local_lock.lock, local_lock.unlock)), False),
         }
         samples: dict[str, list[dict[str, float]]] = {k: [] for k in cases}
         for _ in range(self.runs):                   # interleaved: drift hits every case alike
@@ -233,9 +223,7 @@ class AsyncBench:
                     rows[name][key] = statistics.median(x[key] for x in samples[name])
         floors = {"sync": rows["floor: EVALSHA round trip (redis-py)"]["median"],
                   "async": rows["floor: EVALSHA round trip (redis.asyncio)"]["median"]}
-        for name, row in rows.items():
-            if row["kind"] in floors and not name.startswith("floor"):
-                row["vs_floor"] = 2 * row["median"] / floors[row["kind"]]
+        add_vs_floor(rows, lambda row: floors.get(row["kind"]))
         self.results["uncontended"] = rows
         pairs = {"ylock asyncio/redis.asyncio Lock": ("ylock redis alock/aunlock (asyncio)",
                                                       "redis.asyncio Lock acquire/release"),
@@ -302,34 +290,24 @@ class AsyncBench:
             futures = [pool.submit(worker, lib, self.redis.url, name, tasks, ready, self.duration,
                                    self.max_ops) for _ in range(procs)]
             logs = [log for f in futures for log in f.result(timeout=300)]
-        after = self.client.info("commandstats")
+        calls = commands_since(self.client, before)
         counter = int(self.client.get(f"counter:{name}") or 0)
         row = analyse(logs, counter)
-        calls = sum(after[k]["calls"] - before.get(k, {"calls": 0})["calls"] for k in after
-                    if not k.startswith(("cmdstat_info", "cmdstat_config")))
         row["redis_cmds_per_acq"] = calls / max(1, row["acquisitions"]) - 2   # minus GET and SET
-        row["round_trip_ms"] = 1000 / floor
-        row["gap_p50_round_trips"] = None if row["gap_p50_ms"] is None else row["gap_p50_ms"] * floor / 1000
+        add_round_trips(row, floor)
         return row
 
 
 def markdown(r: dict[str, Any]) -> str:
-    def f(v: Any, digits: int = 0) -> str:
-        return "-" if v is None else f"{v:,.{digits}f}"
     m = r["machine"]
-    lines = [f"Machine: {m['cpus']} cores, {m['cpu']}, Python {m['python']}, {m['redis_server'].split(' sha')[0]}, "
-             f"redis-py {m['peers'].get('redis')}; {m['when']}; medians of {r['runs']} runs"
-             + (" (--quick)" if r["quick"] else "") + f"; load average {r['load_before'][0]:.1f} before, "
-             f"{r.get('load_after', ['?'])[0]:.1f} after (2 cores: other work was running).", ""]
+    lines = [machine_line(r, f"{m['redis_server'].split(' sha')[0]}, redis-py {m['peers'].get('redis')}",
+                          tail=load_tail(r)), ""]
     if "uncontended" in r:
         lines += ["**Uncontended acquire+release, one task or thread** (pairs/s; `vs floor` = 2 × pairs/s ÷ "
                   "EVALSHA round trips/s through the same kind of client; CPU µs per pair of the client's thread "
                   "and of the Redis server's main thread, medians)", "",
-                  "| case | median | min | max | vs floor | client CPU µs | server CPU µs |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
-        for name, row in r["uncontended"].items():
-            lines.append(f"| {name} | {f(row['median'])} | {f(row['min'])} | {f(row['max'])} | "
-                         f"{f(row.get('vs_floor'), 2)} | {f(row.get('cpu_us'), 1)} | {f(row.get('server_us'), 1)} |")
+                  *uncontended_table("case", r["uncontended"],
+                                     "median, min, max, vs floor, client CPU µs, server CPU µs")]
         paired = "; ".join(f"{k} = {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})" for k, v in r["paired"].items())
         lines += ["", "Ratios of the medians above: " + ", ".join(f"{k} = {v:.2f}" for k, v in r["ratios"].items())
                   + f". Timed back to back ({r['runs'] * 3} rounds of a, b, b, a; median (min-max)): {paired}. "
@@ -339,15 +317,8 @@ def markdown(r: dict[str, Any]) -> str:
         lines += ["**Contended, asyncio** (one lock, a GET+SET counter inside; gap = release → next acquire, "
                   "also in EVALSHA round trips measured right before each run; self = the releasing task took "
                   "it straight back; max/min over tasks)", "",
-                  "| case | acq/s | lost updates | gap p50 ms | gap p50 RTs | gap p99 ms | self | wait p50 ms | "
-                  "wait p99 ms | max/min | Redis cmds/acq |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for name, row in r["contended"].items():
-            lines.append(f"| {name} | {f(row['acq_per_s'])} | {row['lost_updates']} | {f(row['gap_p50_ms'], 3)} | "
-                         f"{f(row.get('gap_p50_round_trips'), 1)} | {f(row['gap_p99_ms'], 3)} | "
-                         f"{row['self_reacquire']:.0%} | {f(row['cross_wait_p50_ms'], 1)} | "
-                         f"{f(row['cross_wait_p99_ms'], 1)} | {f(row['fairness_max_min'], 2)} | "
-                         f"{f(row['redis_cmds_per_acq'], 1)} |")
-        lines.append("")
+                  *handoff_table("case", r["contended"], "acq/s, lost updates, gap p50 ms, gap p50 RTs, gap p99 ms, "
+                                 "self, wait p50 ms, wait p99 ms, max/min, Redis cmds/acq"), ""]
         for label, v in r.get("contended_paired", {}).items():
             steal, q = v["steal_pct"], v["quiet"]
             quiet = f"{q['median']:.2f} ({q['rounds']})" if q.get("rounds") else "none"

@@ -1,8 +1,12 @@
 """What every ``python -m bench.<topic>`` shares: timing (:func:`rate`, :func:`measure`), ratios
 timed in rounds a, b, b, a (:func:`paired_ratio`, :func:`paired`), the CPU the hypervisor stole
-(:func:`steal_pct`), the medians of runs (:func:`median_rows`), the machine's description, and
-the command line (:func:`bench_parser`, :func:`run_bench`). Nothing here imports a topic's
-module, so every topic (and :mod:`bench.run`, which runs them all) imports it without a circle."""
+(:func:`steal_pct`), the medians of runs (:func:`median_rows`), the machine's description, the
+frame of a topic's bench class (:class:`TopicBench`: sample lengths, results, its servers), the
+rows every table is made of (:func:`cases_of`, :func:`add_vs_floor`, :func:`add_round_trips`,
+:func:`commands_since`) and their markdown (:func:`machine_line`, :func:`table`,
+:func:`handoff_table`), and the command line (:func:`bench_parser`, :func:`run_bench`). Nothing
+here imports a topic's module, so every topic (and :mod:`bench.run`, which runs them all)
+imports it without a circle."""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -23,6 +27,9 @@ from ylock.version import __version__
 
 HERE = Path(__file__).resolve().parent
 spawn = multiprocessing.get_context("spawn")
+_T = TypeVar("_T")
+#: A lock's (acquire, release).
+Pair = tuple[Callable[[], Any], Callable[[], Any]]
 
 
 def stats(values: list[float]) -> dict[str, float]:
@@ -158,7 +165,8 @@ def with_steal(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-def pair_op(pair: tuple[Callable[[], Any], Callable[[], Any]]) -> Callable[[], None]:
+def pair_op(pair: Pair) -> Callable[[], None]:
+    """One acquire+release of ``pair``: the operation an uncontended row times."""
     acquire, release = pair
 
     def op() -> None:
@@ -190,6 +198,14 @@ def median_rows(rows: list[dict[str, Any]], worst: dict[str, Callable[[list[Any]
     return out
 
 
+def percentile(values: list[float], p: float) -> float | None:
+    """The value below which a share ``p`` of ``values`` lies (None when there are none)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+
 def machine() -> dict[str, Any]:
     cpu = "unknown"
     try:
@@ -211,6 +227,170 @@ def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "ylock": __version__,
             "redis_server": redis_version, "zookeeper": "3.8 (Debian)", "peers": versions,
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+# -- the frame of a topic's bench class --------------------------------------------------------
+
+class TopicBench:
+    """What every topic's bench class shares: ``quick``, ``runs``, the length of an
+    uncontended sample (``seconds``: 0.3 s quick, else 1 s) and of a contended run
+    (``duration``: 1.5 s quick, else :attr:`DURATION`), ``results`` opened with the machine's
+    description, and :meth:`close`, which stops what the bench started (:meth:`on_close`, in
+    that order) and with :attr:`records_load` records the load average at the end, as
+    ``__init__`` did at the start (``load_before``, ``load_after``). Each section is a method
+    that :func:`run_bench` calls by name."""
+
+    #: ``duration``'s default without ``--quick``.
+    DURATION = 3.0
+    #: Whether ``results`` get the load average at the start and at the end.
+    records_load = False
+
+    def __init__(self, quick: bool, runs: int, seconds: float | None = None,
+                 duration: float | None = None) -> None:
+        self.quick = quick
+        self.runs = runs
+        self.seconds = seconds or (0.3 if quick else 1.0)
+        self.duration = duration or (1.5 if quick else self.DURATION)
+        self.results: dict[str, Any] = {"machine": machine(), "quick": quick, "runs": runs}
+        if self.records_load:
+            self.results["load_before"] = os.getloadavg()
+        self._closers: list[Callable[[], Any]] = []
+
+    def on_close(self, stop: Callable[[], Any]) -> None:
+        """Call ``stop`` in :meth:`close` (after those given before)."""
+        self._closers.append(stop)
+
+    def start_redis(self) -> None:
+        """Start a redis-server of this bench's own on a free port (``self.redis``, stopped on
+        close) with a client to it (``self.client``), and name its version in the machine's
+        description: the server this run started (the first redis-server on PATH, which
+        :func:`machine` asks, may be another build)."""
+        from ylock.testing.redis import RedisServer
+
+        self.redis = RedisServer().start()
+        self.on_close(self.redis.stop)
+        self.client = redis.Redis.from_url(self.redis.url)
+        self.results["machine"]["redis_server"] = f"Redis server v={self.client.info('server')['redis_version']}"
+
+    def close(self) -> None:
+        if self.records_load:
+            self.results["load_after"] = os.getloadavg()
+        for stop in self._closers:
+            stop()
+
+
+# -- the rows of a table ----------------------------------------------------------------------
+
+def cases_of(factories: dict[str, Callable[[], _T]], hint: str = "") -> dict[str, _T]:
+    """Each factory's case by its name; a case whose library is not installed is left out,
+    and stderr says so (with ``hint``: how to install it)."""
+    cases: dict[str, _T] = {}
+    for name, factory in factories.items():
+        try:
+            cases[name] = factory()
+        except ModuleNotFoundError as exc:   # a peer not installed: say so, measure the others
+            print(f"bench: no row for {name!r}: {exc.name} is not installed{hint}", file=sys.stderr)
+    return cases
+
+
+def add_vs_floor(rows: dict[str, dict[str, Any]], floor_of: Callable[[dict[str, Any]], float | None]) -> None:
+    """Give each uncontended row but the floors its ``vs_floor``: 2 × its median ÷ the round
+    trips per second of ``floor_of(row)`` (rows without a floor get none). An acquire+release
+    needs two round trips at least: 1.0 means "at the floor"."""
+    for name, row in rows.items():
+        floor = floor_of(row)
+        if floor is not None and not name.startswith("floor"):
+            row["vs_floor"] = 2 * row["median"] / floor
+
+
+def add_round_trips(row: dict[str, Any], floor: float) -> None:
+    """Give a contended row the round trip of its server (``floor``: round trips per second,
+    measured right before the run) and its median gap in those round trips."""
+    row["round_trip_ms"] = 1000 / floor
+    row["gap_p50_round_trips"] = None if row["gap_p50_ms"] is None else row["gap_p50_ms"] * floor / 1000
+
+
+def commands_since(client: redis.Redis, before: dict[str, Any]) -> int:
+    """The commands the Redis server ran since ``before`` (its ``INFO commandstats`` then),
+    those inside scripts included, ``INFO`` and ``CONFIG`` left out."""
+    after = client.info("commandstats")
+    return sum(after[k]["calls"] - before.get(k, {"calls": 0})["calls"] for k in after
+               if not k.startswith(("cmdstat_info", "cmdstat_config")))
+
+
+# -- markdown ---------------------------------------------------------------------------------
+
+def fmt(v: Any, digits: int = 0) -> str:
+    """A table's number: thousands separated, ``digits`` decimals, "-" for none."""
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def machine_line(r: dict[str, Any], software: str, notes: tuple[str, ...] = (), tail: str = "") -> str:
+    """A table's first line: the machine, ``software`` (the servers' and peers' versions),
+    when, ``notes``, how many runs each number is the median of, then ``tail``."""
+    m = r["machine"]
+    return "; ".join([f"Machine: {m['cpus']} cores, {m['cpu']}, Python {m['python']}, {software}", m["when"], *notes,
+                      f"medians of {r['runs']} runs"]) + (" (--quick)" if r["quick"] else "") + tail + "."
+
+
+def load_tail(r: dict[str, Any]) -> str:
+    """:func:`machine_line`'s ``tail`` for a :attr:`TopicBench.records_load` bench."""
+    return (f"; load average {r['load_before'][0]:.1f} before, {r.get('load_after', ['?'])[0]:.1f} after "
+            "(2 cores: other work was running)")
+
+
+#: A table's column: its header, and how a row's cell reads.
+Column = tuple[str, Callable[[dict[str, Any]], str]]
+
+
+def num(field: str, digits: int = 0) -> Callable[[dict[str, Any]], str]:
+    """A column of numbers (:func:`fmt`)."""
+    return lambda row: fmt(row.get(field), digits)
+
+
+def share(field: str) -> Callable[[dict[str, Any]], str]:
+    """A column of shares, in whole per cent ("-" for none)."""
+    return lambda row: "-" if row.get(field) is None else f"{row[field]:.0%}"
+
+
+def table(first: str, rows: dict[str, dict[str, Any]], columns: list[Column]) -> list[str]:
+    """A markdown table: a row per entry of ``rows`` (its name first, under ``first``), the
+    ``columns`` right-aligned."""
+    lines = ["| " + " | ".join([first, *(header for header, _ in columns)]) + " |",
+             "|---|" + "---:|" * len(columns)]
+    for name, row in rows.items():
+        lines.append("| " + " | ".join([name, *(cell(row) for _, cell in columns)]) + " |")
+    return lines
+
+
+#: The uncontended tables' columns (rows of :func:`stats` with their ``vs_floor`` and
+#: :func:`measure`'s CPU figures).
+UNCONTENDED: dict[str, Callable[[dict[str, Any]], str]] = {
+    "median": num("median"), "min": num("min"), "max": num("max"), "vs floor": num("vs_floor", 2),
+    "client CPU µs": num("cpu_us", 1), "server CPU µs": num("server_us", 1)}
+
+#: The contended handoff tables' columns (rows of :func:`bench.contended.analyse` with
+#: :func:`add_round_trips`'s figures and the servers' counts).
+HANDOFF: dict[str, Callable[[dict[str, Any]], str]] = {
+    "acq/s": num("acq_per_s"), "lost updates": lambda row: f"{row['lost_updates']}",
+    "gap p50 ms": num("gap_p50_ms", 3), "gap p50 RTs": num("gap_p50_round_trips", 1),
+    "gap p99 ms": num("gap_p99_ms", 3), "self": share("self_reacquire"),
+    "wait p50 ms": num("cross_wait_p50_ms", 1), "wait p99 ms": num("cross_wait_p99_ms", 1),
+    "wait max ms": num("cross_wait_max_ms"), "max/min": num("fairness_max_min", 2),
+    "Redis cmds/acq": num("redis_cmds_per_acq", 1), "ZK reqs/acq": num("zk_requests_per_acq", 1)}
+
+
+def uncontended_table(first: str, rows: dict[str, dict[str, Any]], headers: str) -> list[str]:
+    """:func:`table` of the comma-separated ``headers`` of :data:`UNCONTENDED`."""
+    return table(first, rows, [(h, UNCONTENDED[h]) for h in headers.split(", ")])
+
+
+def handoff_table(first: str, rows: dict[str, dict[str, Any]], headers: str,
+                  own: dict[str, Callable[[dict[str, Any]], str]] | None = None) -> list[str]:
+    """:func:`table` of the comma-separated ``headers``: a topic's ``own`` columns, else those
+    of :data:`HANDOFF`."""
+    columns = {**HANDOFF, **(own or {})}
+    return table(first, rows, [(h, columns[h]) for h in headers.split(", ")])
 
 
 # -- the command line every bench module shares ------------------------------------------------

@@ -5,36 +5,39 @@ from __future__ import annotations
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import redis
 
 from bench import peers
-from bench.common import spawn
+from bench.common import Pair, commands_since, percentile, spawn
 from ylock.testing.zookeeper import four_letter
+
+#: The peers on a redis-py client: the lock of each contended row named so.
+_ON_REDIS_CLIENT: dict[str, Callable[[redis.Redis, str], Pair]] = {
+    "fair-handoff floor (ticket lock)": peers.ticket_lock,
+    "hand-written SET NX": peers.hand_written,
+    "redis-py Lock": peers.redis_py,
+    "python-redis-lock": peers.python_redis_lock,
+    "sherlock": peers.sherlock_lock,
+    "pottery Redlock": peers.pottery_redlock,
+}
+#: ylock's rows: the engine's URL from the Redis URL and ZooKeeper's hosts.
+_YLOCK_URL: dict[str, Callable[[str, str], str]] = {
+    "ylock redis (notify)": lambda redis_url, zk_hosts: redis_url,
+    "ylock redis (polling only)": lambda redis_url, zk_hosts: redis_url + "?notify=false",
+    "ylock zookeeper": lambda redis_url, zk_hosts: f"zookeeper://{zk_hosts}/bench",
+}
 
 
 def _pair(lib: str, redis_url: str, zk_hosts: str, name: str) -> tuple[Any, Any, Any]:
-    client = redis.Redis.from_url(redis_url)
-    if lib == "ylock redis (notify)":
-        return (*peers.ylock_pair(peers.ylock_engine(redis_url), name), None)
-    if lib == "ylock redis (polling only)":
-        return (*peers.ylock_pair(peers.ylock_engine(redis_url + "?notify=false"), name), None)
-    if lib == "ylock zookeeper":
-        return (*peers.ylock_pair(peers.ylock_engine(f"zookeeper://{zk_hosts}/bench"), name), None)
-    if lib == "fair-handoff floor (ticket lock)":
-        return (*peers.ticket_lock(client, name), None)
-    if lib == "hand-written SET NX":
-        return (*peers.hand_written(client, name), None)
-    if lib == "redis-py Lock":
-        return (*peers.redis_py(client, name), None)
-    if lib == "python-redis-lock":
-        return (*peers.python_redis_lock(client, name), None)
-    if lib == "sherlock":
-        return (*peers.sherlock_lock(client, name), None)
-    if lib == "pottery Redlock":
-        return (*peers.pottery_redlock(client, name), None)
+    """``lib``'s (acquire, release, what to keep alive meanwhile)."""
+    if lib in _YLOCK_URL:
+        return (*peers.ylock_pair(peers.ylock_engine(_YLOCK_URL[lib](redis_url, zk_hosts)), name), None)
+    if lib in _ON_REDIS_CLIENT:
+        return (*_ON_REDIS_CLIENT[lib](redis.Redis.from_url(redis_url), name), None)
     if lib == "tooz redis":
         coordinator = peers.tooz_coordinator(redis_url.replace("redis://", "redis://", 1))
         return (*peers.tooz_pair(coordinator, name), coordinator)
@@ -103,21 +106,15 @@ def analyse(logs: list[list[tuple[int, int, int]]], counter: int) -> dict[str, A
             cross_waits.append((cur[0] - cur[2]) / 1e6)
     span = (events[-1][1] - events[0][0]) / 1e9 if total > 1 else 1.0
     counts = [len(log) for log in logs]
-
-    def pct(values: list[float], p: float) -> float | None:
-        if not values:
-            return None
-        ordered = sorted(values)
-        return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
     return {
         "acquisitions": total,
         "acq_per_s": total / span if span > 0 else 0.0,
         "lost_updates": total - counter,
         "gap_p50_ms": statistics.median(gaps) if gaps else None,
-        "gap_p99_ms": pct(gaps, 0.99),
+        "gap_p99_ms": percentile(gaps, 0.99),
         "self_reacquire": same / max(1, total - 1),
-        "cross_wait_p50_ms": pct(cross_waits, 0.5),
-        "cross_wait_p99_ms": pct(cross_waits, 0.99),
+        "cross_wait_p50_ms": percentile(cross_waits, 0.5),
+        "cross_wait_p99_ms": percentile(cross_waits, 0.99),
         "cross_wait_max_ms": max(cross_waits) if cross_waits else None,
         "fairness_max_min": (max(counts) / min(counts)) if counts and min(counts) > 0 else float("inf"),
     }
@@ -138,9 +135,7 @@ def contended_run(lib: str, redis_url: str, zk_hosts: str, procs: int, duration:
         logs = [f.result(timeout=300) for f in futures]
     counter = int(client.get(f"counter:{name}") or 0)
     row = analyse(logs, counter)
-    after = client.info("commandstats")
-    calls = sum(after[k]["calls"] - before.get(k, {"calls": 0})["calls"] for k in after
-                if not k.startswith(("cmdstat_info", "cmdstat_config")))
+    calls = commands_since(client, before)
     # minus the counter's own GET and SET
     row["redis_cmds_per_acq"] = calls / max(1, row["acquisitions"]) - 2
     if zk_port:

@@ -49,6 +49,7 @@ from bench.common import (
     pair_op,
     paired,
     paired_ratio,
+    percentile,
     run_bench,
     runs_of,
     server_cpu,
@@ -159,11 +160,6 @@ def async_op(loop: asyncio.AbstractEventLoop, acquire: Callable[[], Any], releas
 
 def _with(url: str, query: str) -> str:
     return url + ("&" if "?" in url else "?") + query
-
-
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
 
 
 class Guarantees:
@@ -411,8 +407,8 @@ class Guarantees:
                 p["evalsha"] += got["evalsha"]
                 p["cpu_s"] += got["cpu_s"]
                 p["holder_lost"] += got["holder_lost"]
-        rows = {label: {"handoffs": len(p["latencies"]), "p50_ms": _pct(p["latencies"], 0.5),
-                        "p99_ms": _pct(p["latencies"], 0.99), "connections_per_run": p["connections"] / rounds,
+        rows = {label: {"handoffs": len(p["latencies"]), "p50_ms": percentile(p["latencies"], 0.5),
+                        "p99_ms": percentile(p["latencies"], 0.99), "connections_per_run": p["connections"] / rounds,
                         "evalsha_per_handoff": p["evalsha"] / max(1, len(p["latencies"])),
                         "client_cpu_ms_per_handoff": p["cpu_s"] * 1000 / max(1, len(p["latencies"])),
                         "bystander_lock_lost": p["holder_lost"]}

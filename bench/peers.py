@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import redis
 
 import ylock
-
-Pair = tuple[Callable[[], Any], Callable[[], Any]]
+from bench.common import Pair
 
 
 def ylock_engine(url: str, **options: Any) -> ylock.Engine:

@@ -17,7 +17,6 @@ cases are interleaved run by run. Writes ``results/postgres.json`` and ``postgre
 """
 from __future__ import annotations
 
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -27,12 +26,27 @@ from typing import Any
 import psycopg
 
 import ylock
-from bench.common import bench_parser, machine, median_rows, rate, run_bench, runs_of, spawn, stats
+from bench.common import (
+    Pair,
+    TopicBench,
+    add_round_trips,
+    add_vs_floor,
+    bench_parser,
+    cases_of,
+    handoff_table,
+    machine_line,
+    median_rows,
+    pair_op,
+    rate,
+    run_bench,
+    runs_of,
+    spawn,
+    stats,
+    uncontended_table,
+)
 from bench.contended import analyse
 from ylock.engines.postgres.ops import Open, Query
 from ylock.testing.postgres import PostgresServer
-
-Pair = tuple[Callable[[], Any], Callable[[], Any]]
 
 
 def raw_pair(url: str, key: int) -> Pair:
@@ -106,53 +120,40 @@ def worker(lib: str, url: str, name: str, ready: Any, duration: float,
     return log
 
 
-class PostgresBench:
+class PostgresBench(TopicBench):
     def __init__(self, quick: bool, runs: int, seconds: float | None, duration: float | None,
                  libs: list[str] | None = None) -> None:
-        self.quick = quick
+        super().__init__(quick, runs, seconds, duration)
         self.libs = libs
-        self.runs = runs
-        self.seconds = seconds or (0.3 if quick else 1.0)
-        self.duration = duration or (1.5 if quick else 3.0)
         self.server = PostgresServer().start()
-        self.results: dict[str, Any] = {"machine": machine(), "quick": quick, "runs": runs}
+        self.on_close(self.server.cleanup)
         with self.server.connect() as conn:
             version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
         self.results["machine"]["postgresql"] = version
         self.results["machine"]["psycopg"] = psycopg.__version__
-
-    def close(self) -> None:
-        self.server.cleanup()
 
     def uncontended(self) -> None:
         n = uuid.uuid4().hex[:8]
         floor_conn = self.server.connect()
         factories: dict[str, Callable[[], Callable[[], Any]]] = {
             "floor: psycopg SELECT 1 round trip": lambda: lambda: floor_conn.execute("SELECT 1"),
-            "raw pg_advisory_lock + pg_advisory_unlock (psycopg)": lambda: _op(raw_pair(self.server.url, 77)),
-            "ylock postgres (write)": lambda: _op(ylock_pair(self.server.url, f"w{n}")),
-            "ylock postgres (read)": lambda: _op(ylock_pair(self.server.url, f"r{n}", "read")),
+            "raw pg_advisory_lock + pg_advisory_unlock (psycopg)": lambda: pair_op(raw_pair(self.server.url, 77)),
+            "ylock postgres (write)": lambda: pair_op(ylock_pair(self.server.url, f"w{n}")),
+            "ylock postgres (read)": lambda: pair_op(ylock_pair(self.server.url, f"r{n}", "read")),
             "ylock postgres (write, scope=transaction)":
-                lambda: _op(ylock_pair(self.server.url + "?scope=transaction", f"x{n}")),
-            "django-pglock advisory": lambda: _op(pglock_pair(self.server.url, f"p{n}")),
+                lambda: pair_op(ylock_pair(self.server.url + "?scope=transaction", f"x{n}")),
+            "django-pglock advisory": lambda: pair_op(pglock_pair(self.server.url, f"p{n}")),
         }
         if self.libs is not None and "django-pglock" not in self.libs:
             del factories["django-pglock advisory"]
-        cases: dict[str, Callable[[], Any]] = {}
-        for name, factory in factories.items():
-            try:
-                cases[name] = factory()
-            except ModuleNotFoundError as exc:
-                print(f"bench: no row for {name!r}: {exc.name} is not installed", file=sys.stderr)
+        cases = cases_of(factories)
         samples: dict[str, list[float]] = {k: [] for k in cases}
         for _ in range(self.runs):
             for name, op in cases.items():
                 samples[name].append(rate(op, self.seconds))
         rows = {name: stats(values) for name, values in samples.items()}
         floor = rows["floor: psycopg SELECT 1 round trip"]["median"]
-        for name, row in rows.items():
-            if not name.startswith("floor"):
-                row["vs_floor"] = 2 * row["median"] / floor
+        add_vs_floor(rows, lambda row: floor)
         raw = rows["raw pg_advisory_lock + pg_advisory_unlock (psycopg)"]["median"]
         self.results["uncontended"] = rows
         self.results["ylock/raw"] = rows["ylock postgres (write)"]["median"] / raw
@@ -201,36 +202,19 @@ class PostgresBench:
                 with self.server.connect() as conn:
                     counter = conn.execute("SELECT v FROM bench_counter WHERE name = %s", [name]).fetchone()[0]  # type: ignore[index]
                 row = analyse(logs, counter)
-                row["round_trip_ms"] = 1000 / floor
-                row["gap_p50_round_trips"] = None if row["gap_p50_ms"] is None else row["gap_p50_ms"] * floor / 1000
+                add_round_trips(row, floor)
                 runs.append(row)
             out[f"{procs} processes: {lib}"] = median_rows(runs)
         probe.close()
         self.results["contended"] = out
 
 
-def _op(pair: Pair) -> Callable[[], None]:
-    acquire, release = pair
-
-    def op() -> None:
-        acquire()
-        release()
-    return op
-
-
 def markdown(r: dict[str, Any]) -> str:
-    def f(v: Any, digits: int = 0) -> str:
-        return "-" if v is None else f"{v:,.{digits}f}"
     m = r["machine"]
-    lines = [f"Machine: {m['cpus']} cores, {m['cpu']}, Python {m['python']}, PostgreSQL {m['postgresql']} "
-             f"(fsync off), psycopg {m['psycopg']}; {m['when']}; medians of {r['runs']} runs"
-             + (" (--quick)" if r["quick"] else "") + ".", ""]
+    lines = [machine_line(r, f"PostgreSQL {m['postgresql']} (fsync off), psycopg {m['psycopg']}"), ""]
     if "uncontended" in r:
         lines += ["**Uncontended acquire+release, one client** (pairs/s; `vs floor` = 2 × pairs/s ÷ `SELECT 1` "
-                  "round trips/s)", "", "| library | median | min | max | vs floor |", "|---|---:|---:|---:|---:|"]
-        for name, row in r["uncontended"].items():
-            lines.append(f"| {name} | {f(row['median'])} | {f(row['min'])} | {f(row['max'])} | "
-                         f"{f(row.get('vs_floor'), 2)} |")
+                  "round trips/s)", "", *uncontended_table("library", r["uncontended"], "median, min, max, vs floor")]
         ratios = [f"ylock/raw = {r['ylock/raw']:.2f}"]
         if "ylock/django-pglock" in r:
             ratios.append(f"ylock/django-pglock = {r['ylock/django-pglock']:.2f}")
@@ -238,14 +222,8 @@ def markdown(r: dict[str, Any]) -> str:
                   f"{r['round_trips_per_pair']:.0f}.", ""]
     if "contended" in r:
         lines += ["**Contended handoff** (4 processes, one lock, a SELECT+UPDATE counter inside)", "",
-                  "| processes: library | acq/s | lost updates | gap p50 ms | gap p50 RTs | gap p99 ms | self | "
-                  "wait p99 ms | max/min |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for name, row in r["contended"].items():
-            lines.append(f"| {name} | {f(row['acq_per_s'])} | {row['lost_updates']} | {f(row['gap_p50_ms'], 3)} | "
-                         f"{f(row.get('gap_p50_round_trips'), 1)} | {f(row['gap_p99_ms'], 3)} | "
-                         f"{row['self_reacquire']:.0%} | {f(row['cross_wait_p99_ms'], 1)} | "
-                         f"{f(row['fairness_max_min'], 2)} |")
-        lines.append("")
+                  *handoff_table("processes: library", r["contended"], "acq/s, lost updates, gap p50 ms, gap p50 RTs, "
+                                 "gap p99 ms, self, wait p99 ms, max/min"), ""]
     return "\n".join(lines)
 
 

@@ -25,8 +25,14 @@ import ylock
 from bench import peers
 from bench.common import (
     QUIET_STEAL_PCT,
+    TopicBench,
+    add_round_trips,
+    add_vs_floor,
     bench_parser,
-    machine,
+    cases_of,
+    fmt,
+    handoff_table,
+    machine_line,
     median_rows,
     pair_op,
     paired_ratio,
@@ -34,31 +40,21 @@ from bench.common import (
     run_bench,
     runs_of,
     stats,
+    uncontended_table,
 )
 from bench.contended import contended_run
 from ylock.testing import free_port
-from ylock.testing.redis import RedisServer
 from ylock.testing.zookeeper import ZooKeeperServer
 
 
-class Bench:
+class Bench(TopicBench):
     def __init__(self, quick: bool, runs: int, libs: list[str] | None = None, seconds: float | None = None,
                  duration: float | None = None) -> None:
-        self.quick = quick
-        self.runs = runs
+        super().__init__(quick, runs, seconds, duration)
         self.libs = libs
-        self.seconds = seconds or (0.3 if quick else 1.0)
-        self.duration = duration or (1.5 if quick else 3.0)
-        self.redis = RedisServer().start()
+        self.start_redis()
         self.zk = ZooKeeperServer().start()
-        self.client = redis.Redis.from_url(self.redis.url)
-        self.results: dict[str, Any] = {"machine": machine(), "quick": quick, "runs": runs}
-        # the server this run started (the first redis-server on PATH may be another build)
-        self.results["machine"]["redis_server"] = f"Redis server v={self.client.info('server')['redis_version']}"
-
-    def close(self) -> None:
-        self.redis.stop()
-        self.zk.stop()
+        self.on_close(self.zk.stop)
 
     # -- floor and uncontended ------------------------------------------------------------
 
@@ -103,13 +99,8 @@ class Bench:
             "tooz zookeeper": ("zookeeper", lambda: tooz(f"kazoo://{self.zk.hosts}", "z" + n)),
             "ylock local (write)": ("local", lambda: pair_op(peers.ylock_pair(local, f"w{n}"))),
         }
-        cases: dict[str, tuple[str, Callable[[], Any]]] = {}
-        for name, (server, factory) in factories.items():
-            try:
-                cases[name] = (server, factory())
-            except ModuleNotFoundError as exc:   # a peer not installed: say so, measure the others
-                print(f"bench: no row for {name!r}: {exc.name} is not installed "
-                      "(pip install -r bench/requirements.txt)", file=sys.stderr)
+        cases = cases_of({name: (lambda server=server, factory=factory: (server, factory()))
+                          for name, (server, factory) in factories.items()}, " (pip install -r bench/requirements.txt)")
         samples: dict[str, list[float]] = {k: [] for k in cases}
         for _ in range(self.runs):                   # interleaved: drift hits every case alike
             for name, (_, op) in cases.items():
@@ -117,10 +108,7 @@ class Bench:
         rows = {name: {"server": server, **stats(samples[name])} for name, (server, _) in cases.items()}
         floors = {"redis": rows["floor: Redis EVALSHA round trip"]["median"],
                   "zookeeper": rows["floor: ZooKeeper exists round trip"]["median"]}
-        for name, row in rows.items():
-            if row["server"] in floors and not name.startswith("floor"):
-                # An acquire+release needs two round trips at least: 1.0 means "at the floor".
-                row["vs_floor"] = 2 * row["median"] / floors[row["server"]]
+        add_vs_floor(rows, lambda row: floors.get(row["server"]))
         self.results["uncontended"] = rows
         pairs = {"ylock/hand-written": ("ylock redis (write)", "hand-written SET NX PX + EVALSHA delete"),
                  "ylock/sherlock": ("ylock redis (write)", "sherlock"),
@@ -183,9 +171,7 @@ class Bench:
                     redis_floor = rate(trivial, 0.3)
                     row = contended_run(lib, self.redis.url, self.zk.hosts, procs, duration, self.client,
                                         self.zk.node.port)
-                    floor = zk_floor if "zookeeper" in lib or "kazoo" in lib else redis_floor
-                    row["round_trip_ms"] = 1000 / floor
-                    row["gap_p50_round_trips"] = None if row["gap_p50_ms"] is None else row["gap_p50_ms"] * floor / 1000
+                    add_round_trips(row, zk_floor if "zookeeper" in lib or "kazoo" in lib else redis_floor)
                     runs.append(row)
                 out[f"{procs} processes: {lib}"] = median_rows(runs)
         zk.stop()
@@ -327,18 +313,14 @@ def _readers_behind_writer(lib: str, engine: Any, zk_engine: Any, zk: Any, n: in
     queued = threading.Semaphore(0)
     all_running = threading.Barrier(n + 1)
     done = threading.Event()
+    reader: Callable[[], tuple[Callable[[], Any], Callable[[], Any]]]   # a new read lock's (acquire, release)
     if lib == "kazoo":
         writer = zk.WriteLock(f"/kazoo-rw/{name}")
         writer.acquire()
 
-        def read() -> None:
+        def reader() -> tuple[Callable[[], Any], Callable[[], Any]]:
             lock = zk.ReadLock(f"/kazoo-rw/{name}")
-            queued.release()
-            lock.acquire(timeout=30)
-            got.append(time.perf_counter())
-            all_running.wait(30)
-            done.wait(30)
-            lock.release()
+            return (lambda: lock.acquire(timeout=30)), lock.release
         release = writer.release
         count_waiters = lambda: len(zk.get_children(f"/kazoo-rw/{name}")) - 1  # noqa: E731
         readers_on_server = None
@@ -349,18 +331,22 @@ def _readers_behind_writer(lib: str, engine: Any, zk_engine: Any, zk: Any, n: in
         # a poll interval longer than the test: every entry comes from the writer's release
         polling = ylock.Polling.constant(1.5)
 
-        def read() -> None:
+        def reader() -> tuple[Callable[[], Any], Callable[[], Any]]:
             lock = ylock.Lock(eng, "bench", name, polling=polling)
-            queued.release()
-            lock.rlock(timeout=30)
-            got.append(time.perf_counter())
-            all_running.wait(30)
-            done.wait(30)
-            lock.runlock()
+            return (lambda: lock.rlock(timeout=30)), lock.runlock
         release = writer_lock.unlock
         count_waiters = lambda: sum(len(i.waiters) for i in eng.describe("bench") if i.name == name)  # noqa: E731
         readers_on_server = lambda: sum(len(i.owners) for i in eng.describe("bench")  # noqa: E731
                                         if i.name == name and i.mode == "read")
+
+    def read() -> None:
+        acquire, release_read = reader()
+        queued.release()
+        acquire()
+        got.append(time.perf_counter())
+        all_running.wait(30)
+        done.wait(30)
+        release_read()
     threads = [threading.Thread(target=read, daemon=True) for _ in range(n)]
     for t in threads:
         t.start()
@@ -384,20 +370,21 @@ def _readers_behind_writer(lib: str, engine: Any, zk_engine: Any, zk: Any, n: in
     return {"release": (returned - released) * 1000, "all_in": all_in}
 
 
+#: The contended table's max/min with ∞ where a process never got the lock.
+_HANDOFF_INF = {"max/min": lambda row: _fmt(row.get("fairness_max_min"), 2)}
+
+
+def _fmt(v: Any, digits: int = 0) -> str:
+    """:func:`bench.common.fmt`, with an infinite ratio as ∞ (a process that never got the lock)."""
+    return "∞" if isinstance(v, float) and math.isinf(v) else fmt(v, digits)
+
+
 def markdown(r: dict[str, Any]) -> str:
-    def f(v: Any, digits: int = 0) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, float) and math.isinf(v):
-            return "∞"
-        return f"{v:,.{digits}f}"
     m = r["machine"]
-    lines = [f"Machine: {m['cpus']} cores, {m['cpu']}, Python {m['python']}, {m['redis_server'].split(' sha')[0]}, "
-             f"ZooKeeper {m['zookeeper']}; {m['when']}; medians of {r['runs']} runs"
-             + (" (--quick)" if r["quick"] else "") + ".", ""]
+    lines = [machine_line(r, f"{m['redis_server'].split(' sha')[0]}, ZooKeeper {m['zookeeper']}"), ""]
     if "uncontended" in r:
-        lines += _uncontended_md(r, f)
-    lines += _rest_md(r, f)
+        lines += _uncontended_md(r)
+    lines += _rest_md(r)
     if "guarantees" in r:
         from bench import guarantees
 
@@ -406,13 +393,10 @@ def markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _uncontended_md(r: dict[str, Any], f: Callable[..., str]) -> list[str]:
+def _uncontended_md(r: dict[str, Any]) -> list[str]:
     lines = ["**Uncontended acquire+release, one client** (ops/s; `vs floor` = 2 × ops/s ÷ round trips/s, "
              "1.0 means two bare round trips)", "",
-             "| library | median | min | max | vs floor |", "|---|---:|---:|---:|---:|"]
-    for name, row in r["uncontended"].items():
-        lines.append(f"| {name} | {f(row['median'])} | {f(row['min'])} | {f(row['max'])} | "
-                     f"{f(row.get('vs_floor'), 2)} |")
+             *uncontended_table("library", r["uncontended"], "median, min, max, vs floor")]
     lines += ["", "Ratios (same run): " + ", ".join(f"{k} = {v:.2f}" for k, v in r["ratios"].items())
               + f"; ylock round trips per uncontended acquire+release: {r['round_trips_per_pair']:.0f}; "
               f"re-entry {r['reentry_us']:.2f} µs.", ""]
@@ -429,24 +413,15 @@ def _uncontended_md(r: dict[str, Any], f: Callable[..., str]) -> list[str]:
     return lines
 
 
-def _rest_md(r: dict[str, Any], f: Callable[..., str]) -> list[str]:
+def _rest_md(r: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     if "contended" in r:
         lines += ["**Contended handoff** (one lock, a GET+SET counter inside; gap = release → next acquire, also "
                   "in round trips of its server (Redis `EVALSHA`, ZooKeeper `exists`) measured right before each "
                   "run; self = the releaser took it straight back; wait = of processes that took it from another)",
-                  "", "| processes: library | acq/s | lost updates | gap p50 ms | gap p50 RTs | gap p99 ms | self | "
-                  "wait p50 ms | wait p99 ms | wait max ms | max/min | Redis cmds/acq | ZK reqs/acq |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for name, row in r["contended"].items():
-            lines.append(f"| {name} | {f(row['acq_per_s'])} | {row['lost_updates']} | {f(row['gap_p50_ms'], 3)} | "
-                         f"{f(row.get('gap_p50_round_trips'), 1)} | "
-                         f"{f(row['gap_p99_ms'], 3)} | {row['self_reacquire']:.0%} | "
-                         f"{f(row['cross_wait_p50_ms'], 1)} | "
-                         f"{f(row['cross_wait_p99_ms'], 1)} | {f(row['cross_wait_max_ms'], 0)} | "
-                         f"{f(row['fairness_max_min'], 2)} | {f(row['redis_cmds_per_acq'], 1)} | "
-                         f"{f(row['zk_requests_per_acq'], 1)} |")
-        lines.append("")
+                  "", *handoff_table("processes: library", r["contended"], "acq/s, lost updates, gap p50 ms, "
+                                     "gap p50 RTs, gap p99 ms, self, wait p50 ms, wait p99 ms, wait max ms, max/min, "
+                                     "Redis cmds/acq, ZK reqs/acq", _HANDOFF_INF), ""]
     if "readers_behind_writer_ms" in r:
         lines += ["**N readers queued behind a writer** (threads of one process): ms from the writer's release "
                   "until its release call returned (ylock redis: all N readers hold the lock on the server by "

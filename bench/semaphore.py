@@ -27,9 +27,7 @@ are interleaved run by run. Writes ``results/semaphore.json`` and ``semaphore.md
 from __future__ import annotations
 
 import bisect
-import os
 import statistics
-import sys
 import threading
 import time
 import uuid
@@ -41,20 +39,32 @@ import redis
 
 import ylock
 from bench.common import (
+    Pair,
+    TopicBench,
+    add_round_trips,
+    add_vs_floor,
     bench_parser,
-    machine,
+    cases_of,
+    commands_since,
+    handoff_table,
+    load_tail,
+    machine_line,
     measure,
     median_rows,
+    num,
+    pair_op,
     paired_ratio,
+    percentile,
     rate,
     run_bench,
     runs_of,
+    share,
     spawn,
     stats,
+    uncontended_table,
 )
-from ylock.testing.redis import RedisServer
+from bench.peers import ylock_pair
 
-Pair = tuple[Callable[[], Any], Callable[[], Any]]
 #: (asked, got, released) in ns since the epoch, per acquisition; the holders counted inside.
 Log = list[tuple[int, int, int]]
 
@@ -67,11 +77,6 @@ def ylock_semaphore(engine: ylock.Engine, name: str, permits: int = PERMITS) -> 
     return sem.acquire, sem.release
 
 
-def ylock_lock(engine: ylock.Engine, name: str) -> Pair:
-    lock = ylock.Lock(engine, "bench", name)
-    return lock.lock, lock.unlock
-
-
 def py_redis_semaphore(client: redis.Redis, name: str, permits: int = PERMITS) -> Pair:
     """py-redis-semaphore's ``Semaphore`` (leases renewed by a heartbeat thread, fencing
     tokens, BLPOP waits: the default ``AcquireMode.BLPOP``)."""
@@ -79,15 +84,6 @@ def py_redis_semaphore(client: redis.Redis, name: str, permits: int = PERMITS) -
 
     sem = Semaphore(client, SemaphoreConfig(name=f"prs:{name}", limit=permits, lock_timeout=30.0))
     return sem.acquire, sem.release
-
-
-def _op(pair: Pair) -> Callable[[], None]:
-    acquire, release = pair
-
-    def op() -> None:
-        acquire()
-        release()
-    return op
 
 
 def _pair(lib: str, redis_url: str, name: str, permits: int) -> Pair:
@@ -158,46 +154,30 @@ def analyse(logs: list[Log], permits: int) -> dict[str, Any]:
         "acquisitions": total,
         "acq_per_s": total / span if span > 0 else 0.0,
         "handoffs": len(gaps),
-        "gap_p50_ms": _pct(gaps, 0.5),
-        "gap_p99_ms": _pct(gaps, 0.99),
+        "gap_p50_ms": percentile(gaps, 0.5),
+        "gap_p99_ms": percentile(gaps, 0.99),
         "self_handoff": self_handoffs / len(gaps) if gaps else None,
         "barged": barged / len(gaps) if gaps else None,
-        "wait_p50_ms": _pct(waits, 0.5),
-        "wait_p99_ms": _pct(waits, 0.99),
+        "wait_p50_ms": percentile(waits, 0.5),
+        "wait_p99_ms": percentile(waits, 0.99),
         "fairness_max_min": (max(counts) / min(counts)) if counts and min(counts) > 0 else float("inf"),
     }
 
 
-def _pct(values: list[float], p: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+class SemaphoreBench(TopicBench):
+    records_load = True
 
-
-class SemaphoreBench:
     def __init__(self, quick: bool, runs: int, seconds: float | None = None, duration: float | None = None,
                  procs: int = 8, libs: list[str] | None = None, max_ops: int = 200_000,
                  permits: int = PERMITS) -> None:
-        self.quick = quick
-        self.runs = runs
-        self.seconds = seconds or (0.3 if quick else 1.0)
-        self.duration = duration or (1.5 if quick else 3.0)
+        super().__init__(quick, runs, seconds, duration)
         self.procs = procs
         self.libs = libs
         self.max_ops = max_ops
         self.permits = permits
-        self.redis = RedisServer().start()
-        self.client = redis.Redis.from_url(self.redis.url)
-        self.results: dict[str, Any] = {"machine": machine(), "quick": quick, "runs": runs, "permits": permits,
-                                        "load_before": os.getloadavg()}
+        self.results["permits"] = permits
         self.results["machine"]["peers"]["py-redis-semaphore"] = _version("py-redis-semaphore")
-        # the server this run started (the first redis-server on PATH may be another build)
-        self.results["machine"]["redis_server"] = f"Redis server v={self.client.info('server')['redis_version']}"
-
-    def close(self) -> None:
-        self.results["load_after"] = os.getloadavg()
-        self.redis.stop()
+        self.start_redis()
 
     def uncontended(self) -> None:
         n = uuid.uuid4().hex[:8]
@@ -206,28 +186,21 @@ class SemaphoreBench:
         trivial = self.client.register_script("return 1")
         factories: dict[str, tuple[str, Callable[[], Callable[[], Any]]]] = {
             "floor: Redis EVALSHA round trip": ("redis", lambda: trivial),
-            "ylock redis Lock (write)": ("redis", lambda: _op(ylock_lock(engine, f"l{n}"))),
-            "ylock redis Semaphore (3 permits)": ("redis", lambda: _op(ylock_semaphore(engine, f"s{n}"))),
-            "py-redis-semaphore Semaphore (limit 3)": ("redis", lambda: _op(py_redis_semaphore(self.client, n))),
-            "ylock local Lock (write)": ("local", lambda: _op(ylock_lock(local, f"l{n}"))),
-            "ylock local Semaphore (3 permits)": ("local", lambda: _op(ylock_semaphore(local, f"s{n}"))),
+            "ylock redis Lock (write)": ("redis", lambda: pair_op(ylock_pair(engine, f"l{n}"))),
+            "ylock redis Semaphore (3 permits)": ("redis", lambda: pair_op(ylock_semaphore(engine, f"s{n}"))),
+            "py-redis-semaphore Semaphore (limit 3)": ("redis", lambda: pair_op(py_redis_semaphore(self.client, n))),
+            "ylock local Lock (write)": ("local", lambda: pair_op(ylock_pair(local, f"l{n}"))),
+            "ylock local Semaphore (3 permits)": ("local", lambda: pair_op(ylock_semaphore(local, f"s{n}"))),
         }
-        cases: dict[str, tuple[str, Callable[[], Any]]] = {}
-        for name, (server, factory) in factories.items():
-            try:
-                cases[name] = (server, factory())
-            except ModuleNotFoundError as exc:
-                print(f"bench: no row for {name!r}: {exc.name} is not installed "
-                      "(pip install -r bench/requirements.txt)", file=sys.stderr)
+        cases = cases_of({name: (lambda server=server, factory=factory: (server, factory()))
+                          for name, (server, factory) in factories.items()}, " (pip install -r bench/requirements.txt)")
         samples: dict[str, list[dict[str, float]]] = {k: [] for k in cases}
         for _ in range(self.runs):                   # interleaved: drift hits every case alike
             for name, (server, op) in cases.items():
                 samples[name].append(measure(op, self.seconds, self.client if server == "redis" else None))
         rows = {name: {"server": server, **_row(samples[name])} for name, (server, _) in cases.items()}
         floor = rows["floor: Redis EVALSHA round trip"]["median"]
-        for name, row in rows.items():
-            if row["server"] == "redis" and not name.startswith("floor"):
-                row["vs_floor"] = 2 * row["median"] / floor
+        add_vs_floor(rows, lambda row: floor if row["server"] == "redis" else None)
         self.results["uncontended"] = rows
         ratios = {"redis sem/lock": ("ylock redis Semaphore (3 permits)", "ylock redis Lock (write)"),
                   "local sem/lock": ("ylock local Semaphore (3 permits)", "ylock local Lock (write)"),
@@ -242,7 +215,7 @@ class SemaphoreBench:
             for key, (a, b) in ratios.items() if key.endswith("sem/lock")}
         # Round trips and server commands per uncontended pair, counted by the server.
         counted: dict[str, Any] = {}
-        for label, pair in (("lock", ylock_lock(engine, f"cl{n}")), ("semaphore", ylock_semaphore(engine, f"cs{n}"))):
+        for label, pair in (("lock", ylock_pair(engine, f"cl{n}")), ("semaphore", ylock_semaphore(engine, f"cs{n}"))):
             acquire, release = pair
             acquire()
             release()
@@ -280,17 +253,14 @@ class SemaphoreBench:
                                                self.duration, self.max_ops) for _ in range(self.procs)]
                         done = [f.result(timeout=300) for f in futures]
                     logs, most = [d[0] for d in done], max(d[1] for d in done)
-                after = self.client.info("commandstats")
+                calls = commands_since(self.client, before)
                 row = analyse(logs, self.permits)
                 row["max_holders"] = most
                 row["over_permits"] = most > self.permits
-                calls = sum(after[k]["calls"] - before.get(k, {"calls": 0})["calls"] for k in after
-                            if not k.startswith(("cmdstat_info", "cmdstat_config")))
                 # minus the counter's own INCR and DECR
                 row["redis_cmds_per_acq"] = calls / max(1, row["acquisitions"]) - 2 \
                     if lib != "ylock local (threads)" else None
-                row["round_trip_ms"] = 1000 / floor
-                row["gap_p50_round_trips"] = None if row["gap_p50_ms"] is None else row["gap_p50_ms"] * floor / 1000
+                add_round_trips(row, floor)
                 runs.append(row)
             out[f"{self.procs} {'threads' if 'threads' in lib else 'processes'}, {self.permits} permits: {lib}"] = \
                 median_rows(runs, {"max_holders": max, "over_permits": any})
@@ -333,23 +303,22 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+#: The contended table's own columns (this module's :func:`analyse`).
+_CONTENDED_COLUMNS = {"max holders": lambda row: f"{row['max_holders']}", "self": share("self_handoff"),
+                      "barged": share("barged"), "wait p50 ms": num("wait_p50_ms", 2),
+                      "wait p99 ms": num("wait_p99_ms", 1)}
+
+
 def markdown(r: dict[str, Any]) -> str:
-    def f(v: Any, digits: int = 0) -> str:
-        return "-" if v is None else f"{v:,.{digits}f}"
     m = r["machine"]
-    lines = [f"Machine: {m['cpus']} cores, {m['cpu']}, Python {m['python']}, {m['redis_server'].split(' sha')[0]}, "
-             f"py-redis-semaphore {m['peers'].get('py-redis-semaphore')}; {m['when']}; medians of {r['runs']} runs"
-             + (" (--quick)" if r["quick"] else "") + f"; load average {r['load_before'][0]:.1f} before, "
-             f"{r.get('load_after', ['?'])[0]:.1f} after (2 cores: other work was running).", ""]
+    lines = [machine_line(r, f"{m['redis_server'].split(' sha')[0]}, py-redis-semaphore "
+                          f"{m['peers'].get('py-redis-semaphore')}", tail=load_tail(r)), ""]
     if "uncontended" in r:
         lines += ["**Uncontended acquire+release, one client** (pairs/s; `vs floor` = 2 × pairs/s ÷ Redis "
                   "round trips/s, 1.0 means two bare round trips; CPU µs per pair of the client's thread and of "
-                  "the Redis server's main thread, medians: on a busy machine they move less than pairs/s)",
-                  "", "| case | median | min | max | vs floor | client CPU µs | server CPU µs |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
-        for name, row in r["uncontended"].items():
-            lines.append(f"| {name} | {f(row['median'])} | {f(row['min'])} | {f(row['max'])} | "
-                         f"{f(row.get('vs_floor'), 2)} | {f(row.get('cpu_us'), 1)} | {f(row.get('server_us'), 1)} |")
+                  "the Redis server's main thread, medians: on a busy machine they move less than pairs/s)", "",
+                  *uncontended_table("case", r["uncontended"],
+                                     "median, min, max, vs floor, client CPU µs, server CPU µs")]
         pp = r["per_pair"]
         paired = "; ".join(f"{k} = {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})" for k, v in r["paired"].items())
         lines += ["", "Ratios of the medians above: " + ", ".join(f"{k} = {v:.2f}" for k, v in r["ratios"].items())
@@ -363,16 +332,9 @@ def markdown(r: dict[str, Any]) -> str:
                   "called while others waited → the next holder admitted, also in Redis round trips measured "
                   "right before each run; self = the releaser got it back while others waited; barged = the next "
                   "holder asked after the release)", "",
-                  "| case | acq/s | max holders | gap p50 ms | gap p50 RTs | gap p99 ms | self | barged | "
-                  "wait p50 ms | wait p99 ms | max/min | Redis cmds/acq |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for name, row in r["contended"].items():
-            self_, barged = ("-" if row[k] is None else f"{row[k]:.0%}" for k in ("self_handoff", "barged"))
-            lines.append(f"| {name} | {f(row['acq_per_s'])} | {row['max_holders']} | {f(row['gap_p50_ms'], 3)} | "
-                         f"{f(row.get('gap_p50_round_trips'), 1)} | {f(row['gap_p99_ms'], 3)} | {self_} | {barged} | "
-                         f"{f(row['wait_p50_ms'], 2)} | {f(row['wait_p99_ms'], 1)} | "
-                         f"{f(row['fairness_max_min'], 2)} | {f(row['redis_cmds_per_acq'], 1)} |")
-        lines.append("")
+                  *handoff_table("case", r["contended"], "acq/s, max holders, gap p50 ms, gap p50 RTs, gap p99 ms, "
+                                 "self, barged, wait p50 ms, wait p99 ms, max/min, Redis cmds/acq", _CONTENDED_COLUMNS),
+                  ""]
     return "\n".join(lines)
 
 

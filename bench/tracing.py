@@ -31,12 +31,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import redis
-
 import ylock
 import ylock.tracing
-from bench.common import HERE, bench_parser, machine, measure, run_bench, runs_of, stats
-from ylock.testing.redis import RedisServer
+from bench.common import HERE, TopicBench, bench_parser, load_tail, machine_line, measure, run_bench, runs_of, stats
 
 MODES = ["off", "off (child)", "extra not installed", "API only (no-op tracer)", "SDK, no span processor",
          "SDK + in-memory exporter"]
@@ -82,21 +79,13 @@ def _child(mode: str, url: str, name: str, seconds: float) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-class TracingBench:
-    def __init__(self, quick: bool, runs: int, seconds: float | None = None) -> None:
-        self.quick = quick
-        self.runs = runs
-        self.seconds = seconds or (0.3 if quick else 1.0)
-        self.redis = RedisServer().start()
-        self.client = redis.Redis.from_url(self.redis.url)
-        self.results: dict[str, Any] = {"machine": machine(), "quick": quick, "runs": runs,
-                                        "load_before": os.getloadavg()}
-        self.results["machine"]["redis_server"] = f"Redis server v={self.client.info('server')['redis_version']}"
+class TracingBench(TopicBench):
+    records_load = True
 
-    def close(self) -> None:
-        self.results["load_after"] = os.getloadavg()
-        ylock.tracing.disable()
-        self.redis.stop()
+    def __init__(self, quick: bool, runs: int, seconds: float | None = None) -> None:
+        super().__init__(quick, runs, seconds)
+        self.on_close(ylock.tracing.disable)
+        self.start_redis()
 
     def uncontended(self) -> None:
         n = uuid.uuid4().hex[:8]
@@ -196,11 +185,8 @@ class TracingBench:
 def markdown(r: dict[str, Any]) -> str:
     m = r["machine"]
     v = r.get("versions", {})
-    lines = [f"Machine: {m['cpus']} cores, {m['cpu']}, Python {m['python']}, {m['redis_server']}, "
-             f"opentelemetry-api {v.get('opentelemetry-api')}, opentelemetry-sdk {v.get('opentelemetry-sdk')}; "
-             f"{m['when']}; medians of {r['runs']} runs" + (" (--quick)" if r["quick"] else "")
-             + f"; load average {r['load_before'][0]:.1f} before, {r.get('load_after', ['?'])[0]:.1f} after "
-             "(2 cores: other work was running).", "",
+    lines = [machine_line(r, f"{m['redis_server']}, opentelemetry-api {v.get('opentelemetry-api')}, "
+                          f"opentelemetry-sdk {v.get('opentelemetry-sdk')}", tail=load_tail(r)), "",
              "**Tracing cost, uncontended lock+unlock, one thread** (pairs/s; `ratio` = median ÷ the median of "
              "the case named in `to` (same engine, same run); `back to back` = the same ratio timed `to`, case, "
              "case, `to` in short rounds, median (min-max); CPU µs per pair of the client's thread and of the "

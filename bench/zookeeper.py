@@ -38,11 +38,28 @@ from typing import Any
 from kazoo.client import KazooClient
 
 import ylock
-from bench.common import bench_parser, machine, median_rows, rate, run_bench, runs_of, spawn, stats
+from bench.common import (
+    UNCONTENDED,
+    Pair,
+    TopicBench,
+    add_round_trips,
+    bench_parser,
+    fmt,
+    handoff_table,
+    machine_line,
+    median_rows,
+    num,
+    pair_op,
+    rate,
+    run_bench,
+    runs_of,
+    spawn,
+    stats,
+    table,
+)
 from bench.contended import analyse
+from bench.peers import kazoo_pair, ylock_pair
 from ylock.testing.zookeeper import ZooKeeperServer, four_letter
-
-Pair = tuple[Callable[[], Any], Callable[[], Any]]
 
 WRITE_FLOOR = "floor: kazoo create+delete"
 READ_FLOOR = "floor: kazoo get_children"
@@ -61,16 +78,6 @@ def received(port: int) -> int:
     raise RuntimeError(f"no srvr answer from ZooKeeper on port {port}")
 
 
-def ylock_pair(engine: ylock.Engine, name: str, mode: str = "write") -> Pair:
-    lock = ylock.Lock(engine, "bench", name)
-    return (lock.lock, lock.unlock) if mode == "write" else (lock.rlock, lock.runlock)
-
-
-def kazoo_pair(client: KazooClient, name: str, kind: str) -> Pair:
-    recipe = {"lock": client.Lock, "write": client.WriteLock, "read": client.ReadLock}[kind](f"/kazoo/{name}")
-    return recipe.acquire, recipe.release
-
-
 def _timed(op: Callable[[], Any], seconds: float) -> tuple[int, float, float]:
     """Call ``op`` for about ``seconds``; return the calls, the seconds and the process's
     CPU seconds (every thread: kazoo's too) they took."""
@@ -84,15 +91,6 @@ def _timed(op: Callable[[], Any], seconds: float) -> tuple[int, float, float]:
         now = time.perf_counter()
         if now >= deadline:
             return ops, now - began, time.process_time() - cpu
-
-
-def _op(pair: Pair) -> Callable[[], None]:
-    acquire, release = pair
-
-    def op() -> None:
-        acquire()
-        release()
-    return op
 
 
 def _pair(lib: str, hosts: str, name: str) -> tuple[Pair, Any]:
@@ -143,22 +141,16 @@ def worker(lib: str, hosts: str, name: str, counter: str, barrier: Any, duration
     return log, cpu
 
 
-class ZooKeeperBench:
+class ZooKeeperBench(TopicBench):
     def __init__(self, quick: bool, runs: int, seconds: float | None, duration: float | None,
                  procs: int = 4) -> None:
-        self.quick = quick
-        self.runs = runs
+        super().__init__(quick, runs, seconds, duration)
         self.procs = procs
-        self.seconds = seconds or (0.3 if quick else 1.0)
-        self.duration = duration or (1.5 if quick else 3.0)
         self.server = ZooKeeperServer().start()
-        self.results: dict[str, Any] = {"machine": machine(), "quick": quick, "runs": runs}
+        self.on_close(self.server.stop)
         self.results["machine"]["zookeeper"] = four_letter(self.server.port, "srvr").splitlines()[0] \
             .split(":", 1)[1].split(",")[0].split("-")[0].strip()
         self.results["machine"]["load_before"] = os.getloadavg()
-
-    def close(self) -> None:
-        self.server.stop()
 
     # -- uncontended ------------------------------------------------------------------------
 
@@ -181,13 +173,13 @@ class ZooKeeperBench:
             WRITE_FLOOR: create_delete(zk),
             READ_FLOOR: lambda: zk.get_children("/floor"),
             RTT_FLOOR: lambda: zk.exists("/floor"),
-            "ylock zookeeper (write)": _op(ylock_pair(engine, f"w{n}")),
-            "ylock zookeeper (read)": _op(ylock_pair(engine, f"r{n}", "read")),
-            "kazoo WriteLock": _op(kazoo_pair(zk, f"w{n}", "write")),
-            "kazoo ReadLock": _op(kazoo_pair(zk, f"r{n}", "read")),
-            "kazoo Lock": _op(kazoo_pair(zk, f"l{n}", "lock")),
+            "ylock zookeeper (write)": pair_op(ylock_pair(engine, f"w{n}")),
+            "ylock zookeeper (read)": pair_op(ylock_pair(engine, f"r{n}", "read")),
+            "kazoo WriteLock": pair_op(kazoo_pair(zk, f"w{n}", "write")),
+            "kazoo ReadLock": pair_op(kazoo_pair(zk, f"r{n}", "read")),
+            "kazoo Lock": pair_op(kazoo_pair(zk, f"l{n}", "lock")),
             HANDLER_FLOOR: create_delete(zk_h),
-            HANDLER_WRITELOCK: _op(kazoo_pair(zk_h, f"h{n}", "write")),
+            HANDLER_WRITELOCK: pair_op(kazoo_pair(zk_h, f"h{n}", "write")),
         }
         samples: dict[str, list[float]] = {k: [] for k in cases}
         cpu: dict[str, list[float]] = {k: [] for k in cases}
@@ -275,8 +267,7 @@ class ZooKeeperBench:
                 row = analyse(logs, counter)
                 row["zk_requests_per_acq"] = requests / max(1, row["acquisitions"])
                 row["cpu_ms_per_acq"] = statistics.median(cpu / max(1, len(log)) * 1000 for log, cpu in results)
-                row["round_trip_ms"] = 1000 / floor
-                row["gap_p50_round_trips"] = None if row["gap_p50_ms"] is None else row["gap_p50_ms"] * floor / 1000
+                add_round_trips(row, floor)
                 row["per_process"] = [len(log) for log in logs]
                 runs[lib].append(row)
         probe.stop()
@@ -301,21 +292,26 @@ def _ratio(ours: list[float], peers: list[float]) -> dict[str, float]:
             statistics.median(per_run), "per_run_min": min(per_run), "per_run_max": max(per_run)}
 
 
+def _spread(field: str, digits: int = 0, spread_digits: int = 0) -> Callable[[dict[str, Any]], str]:
+    """A column of medians with their min-max over the runs (:func:`median_rows`'s ``spread``)."""
+    return lambda row: (f"{fmt(row.get(field), digits)} ({fmt(row.get(f'{field}_min'), spread_digits)}-"
+                        f"{fmt(row.get(f'{field}_max'), spread_digits)})")
+
+
+#: The contended table's own columns.
+_CONTENDED_COLUMNS = {"acq/s (min-max)": _spread("acq_per_s"), "gap p50 ms (min-max)": _spread("gap_p50_ms", 3, 2),
+                      "reqs/acq": num("zk_requests_per_acq", 2), "CPU ms/acq": num("cpu_ms_per_acq", 2)}
+
+
 def markdown(r: dict[str, Any]) -> str:
-    def f(v: Any, digits: int = 0) -> str:
-        return "-" if v is None else f"{v:,.{digits}f}"
     m = r["machine"]
-    lines = [f"Machine: {m['cpus']} cores, {m['cpu']}, Python {m['python']}, ZooKeeper {m['zookeeper']} "
-             f"(standalone, fsync on), kazoo {m['peers'].get('kazoo')}; {m['when']}; load average before "
-             f"{m['load_before'][0]:.1f}; medians of {r['runs']} runs" + (" (--quick)" if r["quick"] else "") + ".",
-             ""]
+    lines = [machine_line(r, f"ZooKeeper {m['zookeeper']} (standalone, fsync on), kazoo {m['peers'].get('kazoo')}",
+                          (f"load average before {m['load_before'][0]:.1f}",)), ""]
     if "uncontended" in r:
         lines += ["**Uncontended acquire+release, one client** (pairs/s; requests = packets ZooKeeper received per "
                   "pair; CPU = the client process's CPU time per pair, all threads)", "",
-                  "| case | median | min | max | requests | CPU µs |", "|---|---:|---:|---:|---:|---:|"]
-        for name, row in r["uncontended"].items():
-            lines.append(f"| {name} | {f(row['median'])} | {f(row['min'])} | {f(row['max'])} | "
-                         f"{row['requests']:.2f} | {f(row['cpu_us'])} |")
+                  *table("case", r["uncontended"], [*((h, UNCONTENDED[h]) for h in ("median", "min", "max")),
+                                                    ("requests", num("requests", 2)), ("CPU µs", num("cpu_us"))])]
         lines += ["", "Ratios (same run; of the medians, then the per-run ratios' median and min-max): "
                   + "; ".join(_ratio_md(k, v) for k, v in r["ratios"].items())
                   + f" (3-request floor: 1 / (1/create+delete + 1/get_children) = {r['three_request_floor']:,.0f} "
@@ -324,17 +320,9 @@ def markdown(r: dict[str, Any]) -> str:
         lines += [f"**Contended handoff** ({r['contended_procs'] if 'contended_procs' in r else 4} processes started "
                   "at a barrier, one lock, a read-then-write file counter inside; gap = release call → next "
                   "acquisition, also in `exists` round trips measured before each run)", "",
-                  "| processes: library | acq/s (min-max) | lost updates | gap p50 ms (min-max) | gap p50 RTs | "
-                  "gap p99 ms | self | wait p99 ms | max/min | reqs/acq | CPU ms/acq |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for name, row in r["contended"].items():
-            lines.append(
-                f"| {name} | {f(row['acq_per_s'])} ({f(row['acq_per_s_min'])}-{f(row['acq_per_s_max'])}) | "
-                f"{row['lost_updates']} | {f(row.get('gap_p50_ms'), 3)} ({f(row.get('gap_p50_ms_min'), 2)}-"
-                f"{f(row.get('gap_p50_ms_max'), 2)}) | {f(row.get('gap_p50_round_trips'), 1)} | "
-                f"{f(row.get('gap_p99_ms'), 3)} | {row['self_reacquire']:.0%} | {f(row.get('cross_wait_p99_ms'), 1)} | "
-                f"{f(row['fairness_max_min'], 2)} | {f(row['zk_requests_per_acq'], 2)} | "
-                f"{f(row['cpu_ms_per_acq'], 2)} |")
+                  *handoff_table("processes: library", r["contended"], "acq/s (min-max), lost updates, "
+                                 "gap p50 ms (min-max), gap p50 RTs, gap p99 ms, self, wait p99 ms, max/min, reqs/acq, "
+                                 "CPU ms/acq", _CONTENDED_COLUMNS)]
         lines += ["", "Ratios (same run; of the medians, then the per-run ratios' median and min-max): "
                   + "; ".join(_ratio_md(k, v) for k, v in r["contended_ratios"].items()) + ".", ""]
     return "\n".join(lines)

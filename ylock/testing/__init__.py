@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -71,6 +72,42 @@ class ServerProcess:
             return self.log.read_text(errors="replace")[-self.log_tail:]
         except OSError:
             return "(no log)"
+
+    def log_size(self) -> int:
+        """Where the log ends now: the offset of the lines a start about to be made writes."""
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def log_since(self, offset: int) -> str:
+        """The log written since ``offset`` (one of :meth:`log_size`'s), "" if there is none."""
+        try:
+            with open(self.log, "rb") as log:
+                log.seek(offset)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_answer(self, timeout: float, ask: Callable[[], bool | None],
+                    not_yet: tuple[type[BaseException], ...] = (), pause: float = 0.05) -> bool:
+        """Ask the process started last whether it serves, until ``timeout`` seconds pass.
+
+        ``ask()`` returns whether the server answering is the one started here (ports are
+        shared: another process may hold the port), or None when it cannot tell yet; an
+        exception in ``not_yet`` (connection refused...) means not yet too. Between tries,
+        sleep ``pause`` seconds. Return ``ask()``'s verdict, or False once the process has
+        exited or the time is up."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                verdict = ask()
+            except not_yet:
+                verdict = None
+            if verdict is not None:
+                return verdict
+            time.sleep(pause)
+        return False
 
     def __enter__(self: _S) -> _S:
         self.start()

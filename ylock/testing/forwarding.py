@@ -131,23 +131,29 @@ class Forwarding:
             self._pending.add(conn)
         else:
             self._pending.discard(conn)
-        reading = self._mode != "drop"
-        mask = 0
-        if reading and not conn.up.eof_read and conn.up.held < HIGH_WATER:
-            mask |= selectors.EVENT_READ
-        if conn.down.blocked:
-            mask |= selectors.EVENT_WRITE
-        self._watch(conn.client, mask, conn)
+        self._watch(conn.client, self._mask(conn.up, conn.down), conn)
         if conn.server is not None:
-            if not conn.connected:
-                mask = selectors.EVENT_WRITE      # writable = the connection attempt finished
-            else:
-                mask = 0
-                if reading and not conn.down.eof_read and conn.down.held < HIGH_WATER:
-                    mask |= selectors.EVENT_READ
-                if conn.up.blocked:
-                    mask |= selectors.EVENT_WRITE
+            # before it is connected, writable = the connection attempt finished
+            mask = self._mask(conn.down, conn.up) if conn.connected else selectors.EVENT_WRITE
             self._watch(conn.server, mask, conn)
+
+    def _mask(self, source: Flow, dest: Flow) -> int:
+        """The events to wait for on a socket that ``source`` reads from and ``dest`` writes
+        to: readable while the proxy reads and ``source`` holds little, writable while
+        ``dest`` is blocked on it."""
+        mask = 0
+        if self._mode != "drop" and not source.eof_read and source.held < HIGH_WATER:
+            mask |= selectors.EVENT_READ
+        if dest.blocked:
+            mask |= selectors.EVENT_WRITE
+        return mask
+
+    def _ready(self, conn: Connection, sock: socket.socket, events: int, source: Flow, dest: Flow) -> None:
+        """Act on ``events`` of ``sock``, which ``source`` reads from and ``dest`` writes to."""
+        if events & selectors.EVENT_WRITE:
+            dest.blocked = False
+        if events & selectors.EVENT_READ:
+            self._read(conn, sock, source)
 
     def _flush(self, conn: Connection, flow: Flow, dest: socket.socket) -> None:
         now = time.monotonic()

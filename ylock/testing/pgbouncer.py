@@ -24,7 +24,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +113,7 @@ class PgBouncer(ServerProcess):
             if user is not None:
                 for name in ("users.txt", "pgbouncer.ini"):
                     os.chown(self.dir / name, user.pw_uid, user.pw_gid)
-            offset = self.log.stat().st_size if self.log.exists() else 0
+            offset = self.log_size()
             with open(self.dir / "stderr.log", "ab") as err:
                 self.proc = subprocess.Popen([binary(), str(self.dir / "pgbouncer.ini")], stdout=err, stderr=err,
                                              stdin=subprocess.DEVNULL, cwd=self.dir, start_new_session=True,
@@ -122,30 +121,19 @@ class PgBouncer(ServerProcess):
             if self._wait_ready(timeout):
                 return self
             self.stop()
-            try:
-                text = self.log.read_text(errors="replace")[offset:]
-            except OSError:
-                text = ""
-            if "Address already in use" not in text:
+            if "Address already in use" not in self.log_since(offset):
                 break
         raise ServerError(f"pgbouncer did not start on 127.0.0.1:{self.port}; log:\n{self.read_log()}")
 
     def _wait_ready(self, timeout: float) -> bool:
         import psycopg
 
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            try:
-                with self.admin() as conn:
-                    rows = conn.execute("SHOW CONFIG").fetchall()
-                # The pooler answering must be ours (ports are shared): it names our log file.
-                return any(row[0] == "logfile" and row[1] == str(self.log) for row in rows)
-            except psycopg.OperationalError:
-                time.sleep(0.05)
-        return False
+        def ours() -> bool:
+            with self.admin() as conn:
+                rows = conn.execute("SHOW CONFIG").fetchall()
+            # The pooler answering must be ours (ports are shared): it names our log file.
+            return any(row[0] == "logfile" and row[1] == str(self.log) for row in rows)
+        return self.wait_answer(timeout, ours, (psycopg.OperationalError,))
 
     def admin(self) -> Any:
         """A psycopg connection to PgBouncer's admin console (``SHOW POOLS``, ``SHOW SERVERS``...)."""

@@ -251,7 +251,7 @@ class PostgresServer(ServerProcess):
 
     def _spawn(self, timeout: float) -> bool:
         """Start the postmaster and wait until it answers as ours; False (and stopped) if not."""
-        self._log_offset = self.log.stat().st_size if self.log.exists() else 0
+        self._log_offset = self.log_size()
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self._args(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self._env(), cwd=self.dir, start_new_session=True,
@@ -263,12 +263,7 @@ class PostgresServer(ServerProcess):
         return False
 
     def _port_taken(self) -> bool:
-        try:
-            with open(self.log, "rb") as f:
-                f.seek(self._log_offset)
-                text = f.read().decode(errors="replace")
-        except OSError:
-            return False
+        text = self.log_since(self._log_offset)
         return any(e in text for e in _BIND_ERRORS)
 
     def _postmaster_status(self) -> str:
@@ -285,25 +280,17 @@ class PostgresServer(ServerProcess):
     def _wait_ready(self, timeout: float) -> bool:
         import psycopg
 
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
+        def ours() -> bool | None:
             # Connect only once the postmaster says it listens and is ready: connecting to a
             # port someone else holds could hang until connect_timeout.
             if self._postmaster_status() != "ready":
-                time.sleep(0.02)
-                continue
-            try:
-                with psycopg.connect(host="127.0.0.1", port=self.port, user=self.user, password=self.password,
-                                     dbname="postgres", connect_timeout=5, autocommit=True) as conn:
-                    row = conn.execute("SHOW data_directory").fetchone()
-                # The server answering must be the one we started (ports are shared).
-                return row is not None and os.path.realpath(row[0]) == os.path.realpath(self.data_dir)
-            except psycopg.OperationalError:
-                time.sleep(0.05)
-        return False
+                return None
+            with psycopg.connect(host="127.0.0.1", port=self.port, user=self.user, password=self.password,
+                                 dbname="postgres", connect_timeout=5, autocommit=True) as conn:
+                row = conn.execute("SHOW data_directory").fetchone()
+            # The server answering must be the one we started (ports are shared).
+            return row is not None and os.path.realpath(row[0]) == os.path.realpath(self.data_dir)
+        return self.wait_answer(timeout, ours, (psycopg.OperationalError,), pause=0.02)
 
     def _create_database(self) -> None:
         import psycopg

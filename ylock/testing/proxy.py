@@ -317,18 +317,12 @@ class TcpProxy(Forwarding):
             return
         events &= key.events    # epoll reports a hang-up as both events: act on what was asked for
         if sock is conn.client:
-            if events & selectors.EVENT_WRITE:
-                conn.down.blocked = False
-            if events & selectors.EVENT_READ:
-                self._read(conn, conn.client, conn.up)
+            self._ready(conn, conn.client, events, conn.up, conn.down)
         elif not conn.connected:
             self._finish_connect(conn)
         else:
             assert conn.server is not None
-            if events & selectors.EVENT_WRITE:
-                conn.up.blocked = False
-            if events & selectors.EVENT_READ:
-                self._read(conn, conn.server, conn.down)
+            self._ready(conn, conn.server, events, conn.down, conn.up)
         if not conn.closed:
             self._pump(conn)
 

@@ -157,23 +157,13 @@ class RedisServer(ServerProcess):
         import redis
 
         assert self.proc is not None
-        deadline = time.monotonic() + timeout
+        pid = self.proc.pid
         client = redis.Redis(port=self.port, password=self.password, socket_timeout=1)
         try:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    return False
-                try:
-                    # The server answering must be the process we started (ports are shared).
-                    if int(client.info("server")["process_id"]) == self.proc.pid:
-                        return True
-                    return False
-                except redis.exceptions.BusyLoadingError:
-                    pass
-                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-                    pass
-                time.sleep(0.02)
-            return False
+            # The server answering must be the process we started (ports are shared). Still
+            # loading its data (BusyLoadingError, a ConnectionError) is not yet.
+            return self.wait_answer(timeout, lambda: int(client.info("server")["process_id"]) == pid,
+                                    (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError), pause=0.02)
         finally:
             client.close()
 

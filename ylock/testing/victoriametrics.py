@@ -67,18 +67,11 @@ class VictoriaMetrics(ServerProcess):
         raise ServerError(f"victoria-metrics did not start; last log:\n{self.read_log()}")
 
     def _wait_ready(self, timeout: float = 15.0) -> bool:
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            try:
-                # The server answering must be ours: its storage path is our private directory.
-                metrics = self.get("/metrics", timeout=1).decode()
-                return f'flag{{name="storageDataPath", value="{self.data}"' in metrics
-            except (OSError, urllib.error.URLError):
-                time.sleep(0.05)
-        return False
+        def ours() -> bool:
+            # The server answering must be ours: its storage path is our private directory.
+            metrics = self.get("/metrics", timeout=1).decode()
+            return f'flag{{name="storageDataPath", value="{self.data}"' in metrics
+        return self.wait_answer(timeout, ours, (OSError, urllib.error.URLError))
 
     def get(self, path: str, params: dict[str, str] | None = None, timeout: float = 10.0) -> bytes:
         """GET ``path`` (with query ``params``) and return the body."""

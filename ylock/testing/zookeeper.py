@@ -124,7 +124,7 @@ class ZooKeeperNode(ServerProcess):
             time.sleep(down)        # the outage itself
         deadline = time.monotonic() + timeout
         for attempt in range(5):
-            offset = self.log.stat().st_size if self.log.exists() else 0
+            offset = self.log_size()
             self.start()
             try:
                 if not self.servers:
@@ -145,17 +145,9 @@ class ZooKeeperNode(ServerProcess):
             self.stop()             # closes the hung connection: its client reconnects to the next start
         raise ServerError(f"ZooKeeper on port {self.port} kept hanging connections at startup:\n{self.read_log()}")
 
-    def _log_since(self, offset: int) -> str:
-        try:
-            with open(self.log, "rb") as log:
-                log.seek(offset)
-                return log.read().decode(errors="replace")
-        except OSError:
-            return ""
-
     def _wait_log(self, offset: int, marker: str, deadline: float) -> None:
         """Wait until the log written since ``offset`` contains ``marker``."""
-        while marker not in self._log_since(offset):
+        while marker not in self.log_since(offset):
             if self.proc is None or self.proc.poll() is not None:
                 raise ServerError(f"ZooKeeper on port {self.port} exited:\n{self.read_log()}")
             if time.monotonic() > deadline:
@@ -169,7 +161,7 @@ class ZooKeeperNode(ServerProcess):
         but the close fails half-way (a NullPointerException in ``removeCnxn``) before the
         socket is closed. Its client then waits for an answer until its own timeout, which
         for kazoo's connection request is the whole session timeout: the session expires."""
-        text = self._log_since(offset)
+        text = self.log_since(offset)
         return "NullPointerException" in text and "removeCnxn" in text
 
 
@@ -194,7 +186,7 @@ def _start_nodes(nodes: list[ZooKeeperNode], timeout: float, new_ports: Callable
     its ephemeral port): when a node exits on a bind failure, stop them all, pick new ports
     (``new_ports``) and start again."""
     for attempt in range(attempts):
-        offsets = [n.log.stat().st_size if n.log.exists() else 0 for n in nodes]
+        offsets = [n.log_size() for n in nodes]
         deadline = time.monotonic() + timeout
         for n in nodes:
             n.start()
@@ -203,14 +195,14 @@ def _start_nodes(nodes: list[ZooKeeperNode], timeout: float, new_ports: Callable
             # An ensemble's member may serve (two others made the quorum) before its election
             # listener failed to bind: it gives up a few seconds later and exits. Wait for it.
             for n, offset in zip(nodes, offsets):
-                while n.servers and "is accepting connections now" not in (text := n._log_since(offset)):
+                while n.servers and "is accepting connections now" not in (text := n.log_since(offset)):
                     if "Leaving listener thread" in text or n.proc is None or n.proc.poll() is not None \
                             or time.monotonic() > deadline:
                         raise ServerError(f"ZooKeeper on port {n.port}: no election listener:\n{n.read_log()}")
                     time.sleep(0.05)
             return
         except ServerError:
-            collided = any(_BIND_FAILED in n._log_since(offset) for n, offset in zip(nodes, offsets))
+            collided = any(_BIND_FAILED in n.log_since(offset) for n, offset in zip(nodes, offsets))
             for n in nodes:
                 n.stop()
             if not collided or attempt == attempts - 1:
