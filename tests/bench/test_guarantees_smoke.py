@@ -44,8 +44,12 @@ def test_guarantees_quick_smoke(tmp_path):
     assert rows["fair-handoff floor (ticket lock)"]["lost_updates"] == 0
     assert rows["ylock redis (notify)"]["lost_updates"] == 0
     assert rows["no lock (control)"]["lost_updates"] > 0
-    # the ticket lock: 3 commands to take a free lock, 4 to release, 1 BLPOP when it waits
-    assert 6 <= rows["fair-handoff floor (ticket lock)"]["redis_cmds_per_acq"] <= 9
+    # the ticket lock: 3 commands to take a free lock, 4 to release, 1 BLPOP when it waits; and,
+    # once per process, what loading its scripts costs (NOSCRIPT, SCRIPT LOAD, the retry: about
+    # ten commands of 4 processes), spread over few acquisitions when a loaded machine runs few
+    floor = rows["fair-handoff floor (ticket lock)"]
+    acquisitions = floor["acq_per_s"] * 0.3                   # its --duration
+    assert 6 <= floor["redis_cmds_per_acq"] <= 9 + 40 / acquisitions, floor
     paired = results["floor"]["ylock / floor"]                 # rounds of floor, ylock, ylock, floor
     assert paired["rounds"] == 1 and 0 < paired["min"] <= paired["median"] <= paired["max"], paired
     assert 0 <= paired["steal_pct"]["max"] <= 100 and 0 <= paired["quiet"]["rounds"] <= 1, paired
