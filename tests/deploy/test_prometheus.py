@@ -129,3 +129,28 @@ def test_every_scrape_counts_every_workers_acquisitions(tmp_path, request, redis
     assert "counter_999999.db" not in files
     record(request, figures(f"{framework} {variant}", result, workers_answering=len(answered),
                             scrapes=[first, *counts]))
+
+
+def test_the_docs_gunicorn_conf_starts_without_the_variable(tmp_path, redis_url):
+    """The docs' ``gunicorn.conf.py`` where ``PROMETHEUS_MULTIPROC_DIR`` is not set (a dev shell,
+    CI): gunicorn reads ``./gunicorn.conf.py`` even without ``-c``, and its hooks must not stop
+    it (they raised KeyError in the master). The server starts, answers locked requests and
+    ``/metrics`` (each worker its own counts), and says once, naming the variable, that the
+    counts are per worker."""
+    site, app = django_site(tmp_path / "site")
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    (site / "gunicorn.conf.py").write_text(docs_block("# gunicorn.conf.py") + READY_HOOK, encoding="utf-8")
+    env = clean_env(YLOCK_URL=redis_url, COUNTER_FILE=str(tmp_path / "counter.txt"), READY_DIR=str(ready))
+    for name in ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir"):
+        env.pop(name, None)
+    argv = gunicorn(app, "--workers", "2")          # no -c: gunicorn finds ./gunicorn.conf.py itself
+    with serving("gunicorn django without the variable", argv, site, env, tmp_path / "gunicorn.log") as server:
+        wait_until(lambda: len(list(ready.iterdir())) >= 2, timeout=120, what="the 2 workers loaded the site")
+        result = burst(f"{server.url}/counter", 10, concurrency=2)
+        assert result.codes == {200: 10}, f"answers: {dict(result.codes)}"
+        counted = scrape(server.url)              # one worker's own counts
+        assert 0 <= counted <= 10
+    log = server.output()
+    assert "Traceback" not in log and "KeyError" not in log, log[-3000:]
+    assert log.count("PROMETHEUS_MULTIPROC_DIR is not set") == 1, log[-3000:]

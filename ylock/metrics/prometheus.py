@@ -312,8 +312,12 @@ def on_starting(server: Any) -> None:
 
     Counters would otherwise carry on from the previous run (and from pids that do not
     exist any more). Only for a directory of this server's own; runs before any worker starts.
+    Without the variable the server starts as it is (each process serves its own counts),
+    and one with several workers logs one warning naming the variable.
     """
     path = os.environ.get(MULTIPROC_ENV)
     if path and os.path.isdir(path):
         for name in glob.glob(os.path.join(path, "*.db")):
             os.remove(name)
+    elif not path and getattr(getattr(server, "cfg", None), "workers", 1) > 1:
+        server.log.warning(f"{MULTIPROC_ENV} is not set: each worker's /metrics counts only its own lock events")
