@@ -348,9 +348,10 @@ def test_every_block_type_checks_strictly(tmp_path: Path) -> None:
     checked = list(BLOCKS)
     files = {}
     for n, block in enumerate(checked):
-        prelude = PRELUDES.get(block.page, PRELUDE) if block.kind in ("fragment", "entry") else next(
-            (p for (page, first), p in PASTED_AFTER.items() if page == block.page and block.first_line.startswith(first)),
-            STANDALONE)
+        pasted = [p for (page, first), p in PASTED_AFTER.items()
+                  if page == block.page and block.first_line.startswith(first)]
+        prelude = PRELUDES.get(block.page, PRELUDE) if block.kind in ("fragment", "entry") else \
+            (pasted or [STANDALONE])[0]
         code = block.code if block.kind != "entry" else "setting = {\n" + block.code + "}\n"
         name = f"block_{n}_{re.sub(r'[^a-z0-9]+', '_', block.page.lower())}_{block.line}.py"
         # the prelude on one line, so mypy's line numbers are the block's lines plus one
