@@ -224,13 +224,33 @@ def test_middleware_serialises_one_user_and_shares_reads(user_lock, django_user_
         runner.outcome()
 
 
-def test_middleware_keys_anonymous_users_by_session_or_skips(settings, user_lock):
-    client = Client()
-    assert client.post("/api/plain/").status_code == 200
-    session_key = client.cookies["sessionid"].value
-    assert session_key
-    settings.YLOCK = {**settings.YLOCK, "USER_LOCK": {**settings.YLOCK["USER_LOCK"], "ANONYMOUS": "skip"}}
-    assert Client().post("/api/plain/").status_code == 200
+def test_middleware_keys_api_clients_by_their_credential_and_makes_no_session(settings, user_lock):
+    """A cookie-less client is its Authorization credential (hashed): a request with a token
+    whose lock is held waits (423 here), one with another token runs; an anonymous request
+    with nothing that identifies it takes no lock; no answer sets a session cookie.
+    CLIENT_KEY changes what identifies a client, False turns it off."""
+    from ylock.clients import client_name, header
+
+    alice = client_name("Token alice-3c9", settings.SECRET_KEY)
+    _, done, runner = held_elsewhere("users", alice)
+    try:
+        for token, status in (("alice-3c9", 423), ("bob-77a", 200), (None, 200)):
+            client = Client(**({"HTTP_AUTHORIZATION": f"Token {token}"} if token else {}))
+            response = client.post("/api/plain/")
+            assert response.status_code == status, (token, response.content)
+            assert "sessionid" not in response.cookies and not client.cookies, response.cookies
+        settings.YLOCK = {**settings.YLOCK, "CLIENT_KEY": False}
+        assert Client(HTTP_AUTHORIZATION="Token alice-3c9").post("/api/plain/").status_code == 200   # not keyed
+        settings.YLOCK = {**settings.YLOCK, "CLIENT_KEY": header("X-Api-Key")}
+        assert Client(HTTP_X_API_KEY="k-1").post("/api/plain/").status_code == 200
+        assert Client(HTTP_X_API_KEY="Token alice-3c9").post("/api/plain/").status_code == 423   # same value
+    finally:
+        done.set()
+        runner.outcome()
+    settings.YLOCK = {**settings.YLOCK, "CLIENT_KEY": "no.such.key_function"}
+    from django_ylock import conf
+
+    assert [p.problem for p in conf.current().problems if "CLIENT_KEY" in p.problem]
 
 
 @pytest.mark.django_db
