@@ -17,6 +17,7 @@ import functools
 import inspect
 import json
 import logging
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -58,6 +59,10 @@ class YLock:
             except ylock.ConfigurationError as exc:
                 raise in_config_terms(exc, app) from exc
         app.extensions["ylock"] = state
+        # Labels by an unbounded lock name take a metrics server down: say so at startup.
+        for found in ylock.metrics.unbounded(state.settings["METRICS"], web.keyed_groups(state.registry, state.web),
+                                             setting="YLOCK_METRICS"):
+            warnings.warn(f"{found.problem} ({found.hint})", ylock.metrics.UnboundedLabelsWarning, stacklevel=2)
         events.subscribe(signals.relay)
         app.before_request(self._before_request)
         app.teardown_request(self._teardown_request)

@@ -255,7 +255,8 @@ class RequestSpec:
         self.key = key
         if key is not False:        # one lock per key: a label by name would grow with the keys
             how = "the user" if key is None else repr(key) if isinstance(key, str) else getattr(key, "__name__", "...")
-            KEYED.setdefault(self.name, f"{at}({self.name!r}, key={how})")
+            KEYED.setdefault(self.name, "USER_LOCK (one lock per user)" if at == "USER_LOCK" else
+                             f"{at}({self.name!r}, key={how})")
         self.timeout = timeout if timeout is DEFAULT else opt.timeout(timeout, f"{at} timeout")
         self.status = None if status is None else opt.number(status, f"{at} status", minimum=400, maximum=599,
                                                               integer=True)
@@ -354,6 +355,21 @@ class LimitSpec(RequestSpec):
         if key == "":
             return registry.semaphore(self.name, self.permits)  # type: ignore[no-any-return]
         return registry.semaphores(self.name, self.permits)[key]  # type: ignore[no-any-return]
+
+
+def keyed_groups(registry: Any, settings: WebSettings) -> dict[str, str]:
+    """The lock groups taken one key at a time (group -> how): those of the families
+    :data:`KEYED` records, and the per-user lock's; for :func:`ylock.metrics.unbounded`."""
+    families = dict(KEYED)
+    if settings.user_lock is not None:
+        families.setdefault(settings.user_lock.lock, "USER_LOCK (one lock per user)")
+    groups: dict[str, str] = {}
+    for name, how in families.items():
+        try:
+            groups.setdefault(registry.lock_options(name).group, how)
+        except ConfigurationError:
+            continue            # the settings' own checks name it
+    return groups
 
 
 def check_family_name(name: str) -> None:
