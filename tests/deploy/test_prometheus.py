@@ -194,7 +194,8 @@ def test_lock_names_do_not_grow_the_series(tmp_path, request, redis_url):
             check.stdout + check.stderr
         argv = gunicorn(app, "-c", "gunicorn.conf.py", "--workers", "3")
         with serving(f"gunicorn series {opted_in}", argv, site, env, tmp_path / f"gunicorn-{opted_in}.log") as server:
-            wait_until(lambda: len(list(ready.iterdir())) >= 3, timeout=120, what="the 3 workers loaded the site")
+            wait_until(lambda ready=ready: len(list(ready.iterdir())) >= 3, timeout=120,
+                       what="the 3 workers loaded the site")
 
             def run(requests: list[tuple[str, dict[str, str]]]) -> None:
                 with httpx.Client(timeout=60) as client:
