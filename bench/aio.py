@@ -27,41 +27,39 @@ hypervisor stole). Writes ``results/aio.json`` and ``aio.md``.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import os
 import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import redis
 import redis.asyncio as aredis
 
 import ylock
-from bench.contended import analyse
-from bench.run import (
+from bench.common import (
     bench_parser,
     machine,
     measure,
+    median_rows,
     paired,
     rate,
     run_bench,
     runs_of,
     server_cpu,
+    spawn,
     stats,
     with_steal,
 )
+from bench.contended import analyse
 from ylock.testing.redis import RedisServer
 
-HERE = Path(__file__).resolve().parent
 #: Rounds of redis.asyncio's Lock, ylock, ylock, redis.asyncio's Lock per contended shape
 #: (``--quick``: 2): their ratio, the median over the rounds, the drift of the machine's
 #: speed moves far less than a ratio of two medians taken minutes apart.
 CONTENDED_ROUNDS = 10
-spawn = multiprocessing.get_context("spawn")
 Log = list[tuple[int, int, int]]
 LIBS = ["ylock redis (asyncio)", "redis.asyncio Lock", "no lock (control)"]
 
@@ -282,15 +280,15 @@ class AsyncBench:
                 # redis.asyncio's Lock, ylock, ylock, redis.asyncio's Lock in each round
                 got = paired(lambda: run(peer), lambda: run(ours), rounds, "acq_per_s")
                 samples = got.pop("samples")
-                out[f"{label}: {ours}"] = _median_rows(samples["b"])
-                out[f"{label}: {peer}"] = _median_rows(samples["a"])
+                out[f"{label}: {ours}"] = median_rows(samples["b"])
+                out[f"{label}: {peer}"] = median_rows(samples["a"])
                 paired_out[label] = got
             else:
                 for lib in (ours, peer):
                     if lib in libs:
-                        out[f"{label}: {lib}"] = _median_rows([run(lib) for _ in range(self.runs)])
+                        out[f"{label}: {lib}"] = median_rows([run(lib) for _ in range(self.runs)])
             if control in libs:            # it must lose updates: a run or two show it
-                out[f"{label}: {control}"] = _median_rows([run(control) for _ in range(1 if self.quick else 2)])
+                out[f"{label}: {control}"] = median_rows([run(control) for _ in range(1 if self.quick else 2)])
         self.results["contended"] = out
         self.results["contended_paired"] = paired_out
 
@@ -313,19 +311,6 @@ class AsyncBench:
         row["round_trip_ms"] = 1000 / floor
         row["gap_p50_round_trips"] = None if row["gap_p50_ms"] is None else row["gap_p50_ms"] * floor / 1000
         return row
-
-
-def _median_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in rows[0]:
-        values = [r[key] for r in rows if r[key] is not None]
-        if not values:
-            out[key] = None
-        elif key == "lost_updates":
-            out[key] = max(values)        # a lock that lost updates once is broken
-        else:
-            out[key] = statistics.median(values)
-    return out
 
 
 def markdown(r: dict[str, Any]) -> str:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import statistics
 import time
+import uuid
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import redis
 
 from bench import peers
+from bench.common import spawn
+from ylock.testing.zookeeper import four_letter
 
 
 def _pair(lib: str, redis_url: str, zk_hosts: str, name: str) -> tuple[Any, Any, Any]:
@@ -117,3 +121,36 @@ def analyse(logs: list[list[tuple[int, int, int]]], counter: int) -> dict[str, A
         "cross_wait_max_ms": max(cross_waits) if cross_waits else None,
         "fairness_max_min": (max(counts) / min(counts)) if counts and min(counts) > 0 else float("inf"),
     }
+
+
+def contended_run(lib: str, redis_url: str, zk_hosts: str, procs: int, duration: float, client: redis.Redis,
+                  zk_port: int | None = None) -> dict[str, Any]:
+    """Run ``procs`` processes of :func:`bench.worker` on one lock of ``lib`` for
+    ``duration`` seconds; return :func:`bench.analyse`'s row with the Redis commands
+    (INFO commandstats, minus the counter's GET and SET) and, with ``zk_port``, the ZooKeeper
+    requests per acquisition. The processes inherit this one's CPU affinity."""
+    name = uuid.uuid4().hex[:10]
+    before = client.info("commandstats")
+    zk_before = zk_received(zk_port) if zk_port else 0
+    with ProcessPoolExecutor(procs, mp_context=spawn) as pool:
+        futures = [pool.submit(worker, lib, redis_url, zk_hosts, name, 0.0, duration, 200_000, procs)
+                   for _ in range(procs)]
+        logs = [f.result(timeout=300) for f in futures]
+    counter = int(client.get(f"counter:{name}") or 0)
+    row = analyse(logs, counter)
+    after = client.info("commandstats")
+    calls = sum(after[k]["calls"] - before.get(k, {"calls": 0})["calls"] for k in after
+                if not k.startswith(("cmdstat_info", "cmdstat_config")))
+    # minus the counter's own GET and SET
+    row["redis_cmds_per_acq"] = calls / max(1, row["acquisitions"]) - 2
+    if zk_port:
+        row["zk_requests_per_acq"] = (zk_received(zk_port) - zk_before) / max(1, row["acquisitions"])
+    return row
+
+
+def zk_received(port: int) -> int:
+    """The requests the ZooKeeper server on ``port`` received so far (``srvr``)."""
+    for line in four_letter(port, "srvr").splitlines():
+        if line.startswith("Received:"):
+            return int(line.split(":")[1])
+    return 0

@@ -123,8 +123,8 @@ def worker(url: str, seconds: float) -> dict[str, Any]:
         engine.release("bench", "cpu", owner, WRITE)
 
     def bare() -> None:
-        engine._run("acquire", key, args, 2.0)
-        engine._run("release", key, rargs, 2.0)
+        engine._run("acquire", key, args, time.monotonic() + 2.0)
+        engine._run("release", key, rargs, time.monotonic() + 2.0)
 
     def redis_pair() -> None:
         rlock.acquire()
@@ -147,8 +147,8 @@ def worker(url: str, seconds: float) -> dict[str, Any]:
             await lock.aunlock()
 
         async def abare() -> None:
-            await engine._arun(side, "acquire", akey, aargs, 2.0)
-            await engine._arun(side, "release", akey, arargs, 2.0)
+            await engine._arun(side, "acquire", akey, aargs, time.monotonic() + 2.0)
+            await engine._arun(side, "release", akey, arargs, time.monotonic() + 2.0)
 
         async def aredis_pair() -> None:
             await alock.acquire()

@@ -42,11 +42,9 @@ import redis
 
 import ylock
 from bench import peers, restricted_acl
-from bench.run import (
+from bench.common import (
     QUIET_STEAL_PCT,
-    _zk_received,
     bench_parser,
-    contended_run,
     machine,
     pair_op,
     paired,
@@ -56,6 +54,7 @@ from bench.run import (
     server_cpu,
     with_steal,
 )
+from bench.contended import contended_run, zk_received
 from ylock.testing.redis import RedisCluster, RedisSentinel, RedisServer, make_tls_files
 from ylock.testing.zookeeper import ZooKeeperServer
 
@@ -351,9 +350,9 @@ class Guarantees:
             engine = peers.ylock_engine(f"zookeeper://{self.zk.hosts}/bench{query[label]}")
             lock = ylock.Lock(engine, "bench", f"h{n}")
             lock.lock()
-            before, began = _zk_received(self.zk.node.port), time.monotonic()
+            before, began = zk_received(self.zk.node.port), time.monotonic()
             time.sleep(self.hold)
-            received, spent = _zk_received(self.zk.node.port) - before, time.monotonic() - began
+            received, spent = zk_received(self.zk.node.port) - before, time.monotonic() - began
             lock.unlock()
             engine.close()
             held[label].append((received - 1) / spent)      # minus the srvr of its own reading

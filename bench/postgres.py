@@ -17,26 +17,21 @@ cases are interleaved run by run. Writes ``results/postgres.json`` and ``postgre
 """
 from __future__ import annotations
 
-import multiprocessing
-import statistics
 import sys
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
 import ylock
+from bench.common import bench_parser, machine, median_rows, rate, run_bench, runs_of, spawn, stats
 from bench.contended import analyse
-from bench.run import bench_parser, machine, rate, run_bench, runs_of, stats
 from ylock.engines.postgres.ops import Open, Query
 from ylock.testing.postgres import PostgresServer
 
-HERE = Path(__file__).resolve().parent
-spawn = multiprocessing.get_context("spawn")
 Pair = tuple[Callable[[], Any], Callable[[], Any]]
 
 
@@ -209,7 +204,7 @@ class PostgresBench:
                 row["round_trip_ms"] = 1000 / floor
                 row["gap_p50_round_trips"] = None if row["gap_p50_ms"] is None else row["gap_p50_ms"] * floor / 1000
                 runs.append(row)
-            out[f"{procs} processes: {lib}"] = _median_rows(runs)
+            out[f"{procs} processes: {lib}"] = median_rows(runs)
         probe.close()
         self.results["contended"] = out
 
@@ -221,19 +216,6 @@ def _op(pair: Pair) -> Callable[[], None]:
         acquire()
         release()
     return op
-
-
-def _median_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in rows[0]:
-        values = [r[key] for r in rows if r[key] is not None]
-        if not values:
-            out[key] = None
-        elif key == "lost_updates":
-            out[key] = max(values)
-        else:
-            out[key] = statistics.median(values)
-    return out
 
 
 def markdown(r: dict[str, Any]) -> str:

@@ -27,7 +27,6 @@ are interleaved run by run. Writes ``results/semaphore.json`` and ``semaphore.md
 from __future__ import annotations
 
 import bisect
-import multiprocessing
 import os
 import statistics
 import sys
@@ -36,17 +35,25 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import redis
 
 import ylock
-from bench.run import bench_parser, machine, measure, paired_ratio, rate, run_bench, runs_of, stats
+from bench.common import (
+    bench_parser,
+    machine,
+    measure,
+    median_rows,
+    paired_ratio,
+    rate,
+    run_bench,
+    runs_of,
+    spawn,
+    stats,
+)
 from ylock.testing.redis import RedisServer
 
-HERE = Path(__file__).resolve().parent
-spawn = multiprocessing.get_context("spawn")
 Pair = tuple[Callable[[], Any], Callable[[], Any]]
 #: (asked, got, released) in ns since the epoch, per acquisition; the holders counted inside.
 Log = list[tuple[int, int, int]]
@@ -166,16 +173,6 @@ def _pct(values: list[float], p: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
-
-
-def median_rows(rows: list[dict[str, Any]], worst: dict[str, Callable[[list[Any]], Any]]) -> dict[str, Any]:
-    """Median of each field over the runs; the fields in ``worst`` take that function
-    instead (a semaphore that admitted too many holders once is broken)."""
-    out: dict[str, Any] = {}
-    for key in rows[0]:
-        values = [r[key] for r in rows if r[key] is not None]
-        out[key] = None if not values else worst[key](values) if key in worst else statistics.median(values)
-    return out
 
 
 class SemaphoreBench:

@@ -29,17 +29,15 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import redis
 
 import ylock
 import ylock.tracing
-from bench.run import bench_parser, machine, measure, run_bench, runs_of, stats
+from bench.common import HERE, bench_parser, machine, measure, run_bench, runs_of, stats
 from ylock.testing.redis import RedisServer
 
-HERE = Path(__file__).resolve().parent
 MODES = ["off", "off (child)", "extra not installed", "API only (no-op tracer)", "SDK, no span processor",
          "SDK + in-memory exporter"]
 
@@ -61,7 +59,7 @@ if mode == "imports":
     print(any(m == "opentelemetry" or m.startswith("opentelemetry.") for m in sys.modules))
     sys.exit(0)
 import json
-from bench.run import measure
+from bench.common import measure
 server = None
 if sys.argv[2].startswith("redis"):
     import redis

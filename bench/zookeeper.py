@@ -25,7 +25,6 @@ noise. Writes ``results/zookeeper.json`` and ``zookeeper.md``.
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
 import statistics
 import tempfile
@@ -39,12 +38,10 @@ from typing import Any
 from kazoo.client import KazooClient
 
 import ylock
+from bench.common import bench_parser, machine, median_rows, rate, run_bench, runs_of, spawn, stats
 from bench.contended import analyse
-from bench.run import bench_parser, machine, rate, run_bench, runs_of, stats
 from ylock.testing.zookeeper import ZooKeeperServer, four_letter
 
-HERE = Path(__file__).resolve().parent
-spawn = multiprocessing.get_context("spawn")
 Pair = tuple[Callable[[], Any], Callable[[], Any]]
 
 WRITE_FLOOR = "floor: kazoo create+delete"
@@ -284,7 +281,8 @@ class ZooKeeperBench:
                 runs[lib].append(row)
         probe.stop()
         probe.close()
-        out = {f"{procs} processes: {lib}": _median_rows(rows) for lib, rows in runs.items()}
+        out = {f"{procs} processes: {lib}": median_rows(rows, skip=("per_process",), spread=("acq_per_s", "gap_p50_ms"))
+               for lib, rows in runs.items()}
         self.results["contended"] = out
         ours, peer = runs["ylock zookeeper"], runs["kazoo Lock"]
         self.results["contended_ratios"] = {
@@ -301,21 +299,6 @@ def _ratio(ours: list[float], peers: list[float]) -> dict[str, float]:
     per_run = [a / b for a, b in zip(ours, peers)]
     return {"of_medians": statistics.median(ours) / statistics.median(peers), "per_run_median":
             statistics.median(per_run), "per_run_min": min(per_run), "per_run_max": max(per_run)}
-
-
-def _median_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in rows[0]:
-        values = [r[key] for r in rows if r[key] is not None]
-        if not values or key == "per_process":
-            continue
-        if key == "lost_updates":
-            out[key] = max(values)        # a lock that lost updates once is broken
-        else:
-            out[key] = statistics.median(values)
-            if key in ("acq_per_s", "gap_p50_ms"):
-                out[f"{key}_min"], out[f"{key}_max"] = min(values), max(values)
-    return out
 
 
 def markdown(r: dict[str, Any]) -> str:

@@ -19,6 +19,8 @@ See docs/celery.md: the ``lock`` option, scopes, ``on_busy``, settings and start
 """
 from celery_ylock import signals
 from celery_ylock.checks import check_app
-from celery_ylock.task import LockedTask, LockSpec, TaskHold, TaskLocked, skipped
+from celery_ylock.hold import TaskHold, current_lock
+from celery_ylock.spec import LockSpec, TaskLocked, skipped
+from celery_ylock.task import LockedTask
 
-__all__ = ["LockedTask", "LockSpec", "TaskHold", "TaskLocked", "skipped", "check_app", "signals"]
+__all__ = ["LockedTask", "LockSpec", "TaskHold", "TaskLocked", "current_lock", "skipped", "check_app", "signals"]

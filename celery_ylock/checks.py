@@ -12,12 +12,15 @@ if TYPE_CHECKING:
 
 
 def problems(app: Celery) -> list[ConfigurationError]:
-    """Return every problem of ``app``'s ylock settings and locked tasks, without connecting."""
+    """Return every problem of ``app``'s ylock settings, locked tasks and leader-elected beat
+    (``ylock_beat``), without connecting."""
     try:
         st = conf.state(app)
     except ConfigurationError as exc:
         return [exc]
-    found = []
+    from celery_ylock.beat import settings as beat
+
+    found = beat.problems(app)           # ylock_beat, if the app's beat is the LeaderScheduler
     for task in list(app.tasks.values()):
         # A locked task is one whose class carries a lock spec (LockedTask and its subclasses).
         spec: Any = getattr(type(task), "ylock_spec", None)

@@ -25,6 +25,15 @@ from ylock import events
 #: ``task_id``, ``lock`` ("group/name"), ``scope``, ``args``, ``kwargs``.
 task_skipped = Signal(name="task_skipped", providing_args={"task_id", "lock", "scope", "args", "kwargs"})
 
+#: This beat process began leading its schedule (``celery_ylock.beat:LeaderScheduler``).
+#: ``sender``: the beat lock ("group/name"); ``lock`` (the same), ``token`` (the term's fencing
+#: token), ``since`` (epoch seconds), ``previous`` ("host:pid (token N)" of the term before,
+#: or None), ``terms`` (how many terms the deployment has begun, this one included).
+beat_elected = Signal(name="beat_elected", providing_args={"lock", "token", "since", "previous", "terms"})
+#: This beat process stopped leading: ``lock``, ``token``, ``reason`` (shutting down, the hold
+#: was lost, a newer term fenced the schedule state, the engine did not answer).
+beat_stepped_down = Signal(name="beat_stepped_down", providing_args={"lock", "token", "reason"})
+
 #: A lock was acquired (first acquisition). ``event.wait``: seconds waited; ``event.token``.
 lock_acquired = Signal(name="lock_acquired", providing_args={"event"})
 #: A lock was released. ``event.hold``: seconds held; ``event.release``: the call's time.

@@ -14,7 +14,7 @@ task's arguments as they are bound to its signature (``"{user_id}"``,
 **When.** ``scope="run"`` takes the lock when a worker starts the task and releases it
 when the run ends (returns, raises, retries). ``scope="enqueue"`` takes it in
 ``delay()``/``apply_async()``: a second task for the same key is refused while one is
-queued or running. The sender detaches its hold into a :class:`ylock.lock.Ticket` that
+queued or running. The sender detaches its hold into a :class:`ylock.tickets.Ticket` that
 travels in the message's headers; the worker that starts the task adopts it (same fencing
 token) and releases it when the run ends; a task revoked or expired before it ran has its
 lock released by the worker that drops it (``task_revoked``); a send that fails releases
@@ -51,15 +51,10 @@ it is sent (the task id is chosen then), and keeps saying it once a worker adopt
 """
 from __future__ import annotations
 
-import datetime
-import inspect
 import logging
-import re
-import string
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from celery import Task, states
@@ -68,401 +63,19 @@ from celery.utils import uuid
 
 import ylock
 from celery_ylock import checks, conf, signals
-from ylock import events
+from celery_ylock.hold import TaskHold, watch
+from celery_ylock.spec import ENQUEUE, RETRY, SKIP, WAIT, LockSpec, TaskLocked, parameters, skipped_value
+from celery_ylock.tickets import TICKET_HEADER, extend, give_back, on_task_revoked, seconds_until, ticket_of
 from ylock import options as opt
-from ylock.engines.base import READ, WRITE, Engine, RenewItem
-from ylock.errors import ConfigurationError, EngineUnavailable, LockError, LockLost, LockTimeout
-from ylock.lock import Lock, Ticket
-from ylock.names import check_name, name_for
-from ylock.owner import owner_scope, run_as
+from ylock.errors import ConfigurationError, EngineUnavailable, LockLost
+from ylock.lock import Lock
+from ylock.owner import owner_scope
 from ylock.registry import Registry
+from ylock.tickets import Ticket
+
+__all__ = ["LockedTask", "install", "task_context"]
 
 logger = logging.getLogger(__name__)
-
-#: The message header that carries an enqueue-scope task's ticket to its worker.
-TICKET_HEADER = "ylock_ticket"
-RUN, ENQUEUE = "run", "enqueue"
-SCOPES = (RUN, ENQUEUE)
-SKIP, RETRY, WAIT, RAISE = "skip", "retry", "wait", "raise"
-ON_BUSY = (SKIP, RETRY, WAIT, RAISE)
-#: Seconds ``on_busy="wait"`` waits when neither the task nor the lock's TIMEOUT setting says.
-DEFAULT_WAIT = 10.0
-#: Seconds before a task retried by ``on_busy="retry"`` runs again, unless ``countdown`` says.
-DEFAULT_COUNTDOWN = 5.0
-#: The keys of a task's ``lock`` option, with their defaults.
-SPEC_KEYS: dict[str, Any] = {"name": None, "key": None, "mode": WRITE, "on_busy": None, "scope": RUN,
-                             "timeout": ylock.DEFAULT, "countdown": DEFAULT_COUNTDOWN, "max_retries": None,
-                             "queue_lease": None}
-
-
-class TaskLocked(LockTimeout):
-    """A locked task's lock was busy: raised by ``delay()``/``apply_async()`` for
-    ``scope="enqueue"``, or by the task run (its result's exception) for ``scope="run"``."""
-
-
-# -- the marker of a skipped task ------------------------------------------------------------
-
-
-def skipped_value(task: str, lock: str, scope: str) -> dict[str, Any]:
-    """The result of a task that did not run because its lock was busy (JSON-ready)."""
-    return {"ylock": "skipped", "task": task, "lock": lock, "scope": scope,
-            "detail": f"{task} did not run: lock {lock} was busy (on_busy='skip', scope={scope!r})"}
-
-
-def skipped(value: Any) -> bool:
-    """Return True if ``value`` (a task's result, e.g. ``result.get()``) says the task was
-    skipped because its lock was busy."""
-    return isinstance(value, Mapping) and value.get("ylock") == "skipped"
-
-
-# -- what a task asks for ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LockSpec:
-    """A task's validated ``lock`` option (checked once, when the task is registered)."""
-
-    task: str                               # the task's name, for messages
-    name: str                               # the named lock (LOCKS) or family
-    key: str | Callable[..., object] | None
-    mode: str
-    on_busy: str
-    scope: str
-    timeout: Any                            # seconds, None (forever) or ylock.DEFAULT (the lock's TIMEOUT)
-    countdown: float
-    max_retries: int | None
-    queue_lease: float | None               # None: the broker's visibility timeout, else DEFAULT_QUEUE_LEASE
-    signature: inspect.Signature            # the task's parameters (without self), for keys
-
-    @classmethod
-    def parse(cls, value: Any, task: str, signature: inspect.Signature) -> LockSpec | None:
-        """Validate a task's ``lock`` option (None: the task takes no lock); raise
-        :class:`~ylock.ConfigurationError` naming the bad key."""
-        if value is None:
-            return None
-        where = f"task {task!r}: lock"
-        if isinstance(value, str):
-            value = {"name": value}
-        conf_ = opt.section(value, where, SPEC_KEYS, code=opt.E_LOCK_OPTION)
-        name = opt.text(conf_["name"], f"{where}['name']")
-        try:
-            check_name(name)
-        except ValueError as exc:
-            raise opt.fail(f"{where}['name']", f"{name!r} is not a valid lock name: {exc}", opt.E_LOCK_OPTION) \
-                from exc
-        scope = opt.choice(conf_["scope"], f"{where}['scope']", SCOPES)
-        on_busy = opt.choice(conf_["on_busy"] or (RETRY if scope == RUN else RAISE), f"{where}['on_busy']", ON_BUSY)
-        if scope == ENQUEUE and on_busy == RETRY:
-            raise opt.fail(f"{where}['on_busy']", "= 'retry' needs scope='run': at enqueue time no task runs yet "
-                           "that could be retried", opt.E_LOCK_OPTION, "use 'raise', 'skip' or 'wait'")
-        key = conf_["key"]
-        if not (key is None or isinstance(key, str) or callable(key)):
-            raise opt.fail(f"{where}['key']", f"must be a format string over the task's arguments (e.g. "
-                           f"'{{user_id}}'), a callable or None, got {key!r}", opt.E_LOCK_OPTION)
-        if isinstance(key, str):
-            _check_key(key, signature, f"{where}['key']")
-        timeout = conf_["timeout"]
-        if timeout is not ylock.DEFAULT:
-            timeout = opt.timeout(timeout, f"{where}['timeout']")
-        max_retries = conf_["max_retries"]
-        if max_retries is not None:
-            max_retries = opt.number(max_retries, f"{where}['max_retries']", minimum=0, integer=True)
-        queue_lease = conf_["queue_lease"]
-        if queue_lease is not None:
-            queue_lease = opt.lease(queue_lease, f"{where}['queue_lease']")
-        return cls(task=task, name=name, key=key, mode=opt.choice(conf_["mode"], f"{where}['mode']", (WRITE, READ)),
-                   on_busy=on_busy, scope=scope, timeout=timeout,
-                   countdown=opt.seconds(conf_["countdown"], f"{where}['countdown']", minimum=0, above=None),
-                   max_retries=max_retries, queue_lease=queue_lease, signature=signature)
-
-    # -- per call ----------------------------------------------------------------------------
-
-    def arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """The task's arguments by name (defaults filled in; ``**kwargs`` flattened)."""
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        values: dict[str, Any] = {}
-        for name, value in bound.arguments.items():
-            if self.signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
-                values.update(value)
-            else:
-                values[name] = value
-        return values
-
-    def target(self, registry: Registry, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Lock | None:
-        """The lock that a call with these arguments holds (None: no lock for it)."""
-        if self.key is None:
-            return registry.lock(self.name)
-        if callable(self.key):
-            value = self.key(*args, **kwargs)
-            if value is None:
-                return None
-        else:
-            value = self.key.format_map(self.arguments(args, kwargs))
-        return registry.locks(self.name)[name_for(value)]
-
-    def wait_for(self, registry: Registry) -> float | None:
-        """How long ``on_busy="wait"`` waits: ``timeout``, else the lock's TIMEOUT, else DEFAULT_WAIT."""
-        if self.timeout is not ylock.DEFAULT:
-            return self.timeout  # type: ignore[no-any-return]
-        options = registry.lock_options(self.name)
-        return options.timeout if options.timeout_set else DEFAULT_WAIT
-
-    def queue_lease_for(self, app: Any) -> float:
-        """How long an enqueue-scope lock lasts in the queue (before any countdown or ETA)."""
-        if self.queue_lease is not None:
-            return self.queue_lease
-        return conf.visibility_timeout(app) or conf.DEFAULT_QUEUE_LEASE
-
-    # -- against the settings (at worker startup and on first use) ----------------------------
-
-    def check(self, task: Task, registry: Registry) -> None:
-        """Raise :class:`~ylock.ConfigurationError` if this lock contradicts the settings,
-        the engine or the broker (see docs/celery.md, "Startup checks")."""
-        where = f"task {self.task!r}: lock"
-        options = registry.lock_options(self.name)
-        engine = registry.engine(options.engine)
-        app = task._get_app()
-        if engine.scheme == "local" and not app.conf.get("task_always_eager"):
-            raise opt.fail(where, f"uses the local:// engine {options.engine!r}: it excludes threads of one "
-                           "process, and Celery runs tasks in other processes", opt.E_LOCK_OPTION,
-                           "point the engine at Redis or ZooKeeper (app.conf.ylock_url)")
-        if self.scope == ENQUEUE and not engine.adopts_across_processes:
-            raise opt.fail(f"{where}['scope']", f"= 'enqueue' needs an engine whose holds can move to another "
-                           f"process; {type(engine).__name__} ({options.engine!r}) cannot", opt.E_LOCK_OPTION,
-                           "use a Redis engine for this lock, or scope='run'")
-        visibility = conf.visibility_timeout(app)
-        if visibility is None:
-            return
-        vt = f"the broker's visibility_timeout ({visibility:g} s)"
-        if self.on_busy == RETRY and self.countdown >= visibility:
-            raise opt.fail(f"{where}['countdown']", f"({self.countdown:g} s) must be shorter than {vt}: a retried "
-                           "message waits for its countdown unacknowledged in a worker, and the broker delivers "
-                           "it again after the visibility timeout", opt.E_LOCK_OPTION)
-        acks_late = bool(getattr(task, "acks_late", False))
-        if acks_late and self.on_busy != RETRY and options.lease >= visibility:
-            raise opt.fail(f"task {self.task!r}: LOCKS[{self.name!r}]['LEASE']", f"({options.lease:g} s) must be "
-                           f"shorter than {vt} for an acks_late task "
-                           f"with on_busy={self.on_busy!r}: the broker delivers the task again once a worker dies "
-                           "running it, and the dead worker's lock would still be held then, so the new delivery "
-                           "would find it busy", opt.E_LOCK_OPTION,
-                           f"shorten LOCKS[{self.name!r}]['LEASE'] or raise visibility_timeout")
-        if acks_late and self.on_busy == WAIT:
-            wait = self.wait_for(registry)
-            if wait is None or wait >= visibility:
-                raise opt.fail(f"{where}['timeout']", f"({'forever' if wait is None else f'{wait:g} s'}) must be "
-                               f"shorter than {vt} for an acks_late task: a task still waiting for its lock then "
-                               "is delivered again to another worker", opt.E_LOCK_OPTION)
-        if self.scope == ENQUEUE and self.queue_lease_for(app) < visibility:
-            raise opt.fail(f"{where}['queue_lease']", f"({self.queue_lease_for(app):g} s) must not be shorter "
-                           f"than {vt}: a message taken by a worker that dies before starting it comes back only "
-                           "after the visibility timeout, and its lock must still be there to keep duplicates "
-                           "out meanwhile", opt.E_LOCK_OPTION, "leave queue_lease unset to follow the broker")
-
-
-def _check_key(key: str, signature: inspect.Signature, where: str) -> None:
-    """Raise unless every field of the format string ``key`` names a parameter of the task."""
-    try:
-        fields = [field for _, field, _, _ in string.Formatter().parse(key) if field is not None]
-    except ValueError as exc:
-        raise opt.fail(where, f"= {key!r} is not a valid format string: {exc}", opt.E_LOCK_OPTION) from exc
-    params = signature.parameters
-    open_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    named = [n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    for field in fields:
-        head = re.split(r"[.\[]", field, maxsplit=1)[0]
-        if not head or head.isdigit():
-            raise opt.fail(where, f"= {key!r} must name the task's arguments ('{{user_id}}'), not positions",
-                           opt.E_LOCK_OPTION)
-        if head not in params and not open_kwargs:
-            raise opt.fail(where, f"= {key!r} names {head!r}, which is not an argument of the task",
-                           opt.E_LOCK_OPTION, f"its arguments: {', '.join(named) or 'none'}")
-
-
-def _parameters(cls: type) -> inspect.Signature:
-    """The parameters of the task's ``run`` as callers pass them (without ``self``)."""
-    run = inspect.getattr_static(cls, "run")
-    func = run.__func__ if isinstance(run, (staticmethod, classmethod)) else run
-    signature = inspect.signature(func)
-    if not isinstance(run, staticmethod):     # bind=True, or a class-based task: drop self
-        signature = signature.replace(parameters=list(signature.parameters.values())[1:])
-    return signature
-
-
-# -- the hold of one run -----------------------------------------------------------------------
-
-
-class TaskHold:
-    """The lock that one task run holds: ``self.request.ylock`` in a bound task's body.
-
-    ``token`` is the fencing token (strictly increasing per lock; unchanged when the
-    run adopted its sender's ticket): pass it to the storage the task writes, so that it
-    can refuse a stale holder. ``lost`` turns True once the lease could not be renewed
-    (another worker may hold the lock now); ``lost_event`` is set at that moment (wait on
-    it from a helper thread); ``check()`` raises :class:`ylock.LockLost` then.
-    """
-
-    __slots__ = ("lock", "mode", "owner", "token", "scope", "adopted", "lost_event", "handed_over")
-
-    def __init__(self, lock: Lock, mode: str, owner: str, scope: str, adopted: bool) -> None:
-        self.lock = lock
-        self.mode = mode
-        self.owner = owner
-        self.scope = scope
-        self.adopted = adopted            # taken over from the sender's ticket (scope "enqueue")
-        self.lost_event = threading.Event()
-        self.handed_over = False          # detached into a retry's message
-        with owner_scope(owner):
-            self.token: int | None = lock.token
-
-    def __repr__(self) -> str:
-        return f"<TaskHold {self.lock.group}/{self.lock.name} {self.mode} token={self.token}>"
-
-    @property
-    def lost(self) -> bool:
-        """True once this run's hold was lost (it may be another worker's now)."""
-        if self.lost_event.is_set():
-            return True
-        with owner_scope(self.owner):
-            return self.lock.lost
-
-    def check(self) -> None:
-        """Raise :class:`ylock.LockLost` if this run's hold was lost: call it between the
-        steps of long work, so that nothing more is done unprotected."""
-        if self.lost:
-            raise LockLost("this task's lock was lost (its lease could not be renewed): stop; another worker "
-                           "may hold it now", group=self.lock.group, name=self.lock.name)
-
-    def holds(self, lock: Lock) -> bool:
-        return (lock.engine, lock.group, lock.name) == (self.lock.engine, self.lock.group, self.lock.name)
-
-    def hand_over(self) -> Ticket:
-        """Detach this run's hold into a ticket for the message that retries the task."""
-        ticket: Ticket = run_as(self.owner, self.lock.detach)  # type: ignore[assignment]
-        self.handed_over = True
-        _unwatch(self)
-        return ticket
-
-    def take_back(self, ticket: Ticket) -> None:
-        """Adopt ``ticket`` again (the retry could not be sent): the run releases it as usual."""
-        self.lock = run_as(self.owner, Lock.adopt, self.lock.engine, ticket)  # type: ignore[assignment]
-        self.handed_over = False
-        _watch(self)
-
-    def release(self) -> None:
-        """Release the run's hold (unless it went on to a retry); a lost lease or an
-        unreachable engine is logged: the task's outcome stands."""
-        if self.handed_over:
-            return
-        _unwatch(self)
-        try:
-            with owner_scope(self.owner):
-                self.lock.guard(self.mode).release()
-        except LockLost as exc:
-            logger.error("celery_ylock: %s", exc)
-        except EngineUnavailable as exc:
-            logger.error("celery_ylock: could not release %s/%s (its lease frees it): %s",
-                         self.lock.group, self.lock.name, exc)
-        except LockError as exc:            # e.g. the task body released it itself
-            logger.error("celery_ylock: releasing %s/%s: %s", self.lock.group, self.lock.name, exc)
-
-
-_watched: dict[tuple[str, str, str], TaskHold] = {}
-
-
-def _on_lock_event(event: events.Event) -> None:
-    if event.kind == events.LOST and event.owner is not None:
-        hold = _watched.get((event.group, event.name, event.owner))
-        if hold is not None:
-            hold.lost_event.set()
-
-
-def _watch(hold: TaskHold) -> None:
-    events.subscribe(_on_lock_event)        # once per process (subscribe ignores repeats)
-    _watched[(hold.lock.group, hold.lock.name, hold.owner)] = hold
-
-
-def _unwatch(hold: TaskHold) -> None:
-    _watched.pop((hold.lock.group, hold.lock.name, hold.owner), None)
-
-
-# -- tickets -------------------------------------------------------------------------------------
-
-
-def ticket_of(request: Any) -> Mapping[str, Any] | None:
-    """The ticket an enqueue-scope task was sent with (its message header), or None."""
-    value = getattr(request, TICKET_HEADER, None)
-    if value is None:
-        value = (getattr(request, "headers", None) or {}).get(TICKET_HEADER)
-    return value if isinstance(value, Mapping) else None
-
-
-def _extend(engine: Engine, ticket: Ticket, seconds: float) -> None:
-    """Make the server keep a detached hold ``seconds`` from now: its time in the queue,
-    known only once the message's countdown, eta and expiry are (after the detach)."""
-    if not engine.needs_renewal:
-        return
-    result = engine.renew([RenewItem(ticket.group, ticket.name, ticket.owner, ticket.mode, seconds)])[0]
-    if result is False:
-        raise LockLost("the lock was lost before its task could be sent", group=ticket.group, name=ticket.name)
-    if result is None:
-        raise EngineUnavailable("could not extend the lock for the queue: the engine did not answer",
-                                group=ticket.group, name=ticket.name)
-
-
-def _give_back(engine: Engine, ticket: Ticket, why: str) -> bool:
-    """Adopt ``ticket`` and release it at once; return whether there was anything to release."""
-    try:
-        with owner_scope():
-            Lock.adopt(engine, ticket).guard(ticket.mode).release()
-        logger.info("celery_ylock: released %s/%s (%s)", ticket.group, ticket.name, why)
-        return True
-    except LockLost:
-        return False            # adopted by a run already, or expired: nothing of ours to release
-    except LockError as exc:
-        logger.warning("celery_ylock: could not release %s/%s (%s); its queue lease frees it: %s",
-                       ticket.group, ticket.name, why, exc)
-        return False
-
-
-def _seconds_until(value: Any) -> float:
-    """Seconds from now until ``value`` (a number of seconds, a datetime or an ISO string)."""
-    if value is None:
-        return 0.0
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return max(0.0, float(value))
-    if isinstance(value, str):
-        try:
-            value = datetime.datetime.fromisoformat(value)
-        except ValueError:
-            return 0.0
-    if isinstance(value, datetime.datetime):
-        if value.tzinfo is None:            # naive: UTC, as Celery reads it
-            value = value.replace(tzinfo=datetime.timezone.utc)
-        return max(0.0, float((value - datetime.datetime.now(datetime.timezone.utc)).total_seconds()))
-    return 0.0
-
-
-def on_task_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
-    """``task_revoked`` receiver (connected by :func:`install`): a worker
-    drops an enqueue-scope task that never ran (revoked, expired): release the lock it was
-    sent with. (A terminated task's run adopted the ticket already; nothing is released then.)"""
-    spec: LockSpec | None = getattr(type(sender), "ylock_spec", None)
-    data = None if spec is None or spec.scope != ENQUEUE else ticket_of(request)
-    if spec is None or data is None:
-        return
-    try:
-        ticket = Ticket.from_dict(data)
-        registry = conf.state(sender._get_app()).registry
-        engine = registry.engine(registry.lock_options(spec.name).engine)
-    except LockError as exc:
-        logger.warning("celery_ylock: cannot release the lock of revoked task %s: %s", getattr(request, "id", "?"),
-                       exc)
-        return
-    _give_back(engine, ticket, f"task {getattr(request, 'id', '?')} revoked")
-
-
-# -- the task class ------------------------------------------------------------------------------
 
 
 def task_context(name: str, task_id: str | None) -> Any:
@@ -499,7 +112,7 @@ class LockedTask(Task):  # type: ignore[misc]
     @classmethod
     def on_bound(cls, app: Any) -> None:
         super().on_bound(app)
-        cls.ylock_spec = LockSpec.parse(cls.lock, cls.name or cls.__qualname__, _parameters(cls))
+        cls.ylock_spec = LockSpec.parse(cls.lock, cls.name or cls.__qualname__, parameters(cls))
         cls._ylock_checked = False
         if TaskLocked not in cls.throws:
             cls.throws = (*cls.throws, TaskLocked)
@@ -576,7 +189,7 @@ class LockedTask(Task):  # type: ignore[misc]
             raise
         if got:
             hold = TaskHold(target, spec.mode, owner, spec.scope, adopted=False)
-            _watch(hold)
+            watch(hold)
             return hold
         return self._busy(spec, target, request.id, args, kwargs, wait)
 
@@ -601,7 +214,7 @@ class LockedTask(Task):  # type: ignore[misc]
             return None
         # (Lock.adopt brings the server's lease down from the queue lease to the lock's LEASE.)
         hold = TaskHold(lock, spec.mode, owner, spec.scope, adopted=True)
-        _watch(hold)
+        watch(hold)
         return hold
 
     def _busy(self, spec: LockSpec, target: Lock, task_id: str | None, args: tuple[Any, ...],
@@ -641,12 +254,12 @@ class LockedTask(Task):  # type: ignore[misc]
         if target is None:
             return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         current = getattr(self.request, "ylock", None)
-        give_back: Callable[[Ticket], object]
+        undo: Callable[[Ticket], object]
         if isinstance(current, TaskHold) and task_id is not None and task_id == self.request.id \
                 and not current.handed_over and current.holds(target):
             # The running task retries itself: its lock goes on to the retry's message.
             ticket = current.hand_over()
-            give_back = current.take_back
+            undo = current.take_back
         else:
             # The id is chosen here (as Task.apply_async would) so that the lock says which task it is for.
             task_id = task_id or uuid()
@@ -655,16 +268,16 @@ class LockedTask(Task):  # type: ignore[misc]
             if not isinstance(taken, Ticket):
                 return taken
             ticket = taken
-            give_back = lambda t: _give_back(target.engine, t, "the task could not be sent")  # noqa: E731
+            undo = lambda t: give_back(target.engine, t, "the task could not be sent")  # noqa: E731
         try:
-            delay = max(_seconds_until(options.get("countdown")), _seconds_until(options.get("eta")))
+            delay = max(seconds_until(options.get("countdown")), seconds_until(options.get("eta")))
             ttl = max(spec.queue_lease_for(self._get_app()) + delay,
-                      _seconds_until(options.get("expires", self.expires)))
-            _extend(target.engine, ticket, min(ttl, opt.MAX_LEASE))
+                      seconds_until(options.get("expires", self.expires)))
+            extend(target.engine, ticket, min(ttl, opt.MAX_LEASE))
             options["headers"] = {**(headers or {}), TICKET_HEADER: ticket.as_dict()}
             return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         except BaseException:
-            give_back(ticket)
+            undo(ticket)
             raise
 
     def _take_for_sending(self, spec: LockSpec, registry: Registry, target: Lock, args: tuple[Any, ...],

@@ -21,13 +21,17 @@
 
     django_ylock.cache.get_or_set("report", build_report, timeout=300)   # single-flight (docs/caching.md)
 
+    @django_ylock.idempotent()                         # a retried POST runs once (docs/idempotency.md)
+    def create_payment(request): ...
+
 See docs/django.md for the YLOCK setting, the middleware and ``manage.py ylock``.
 """
 from django_ylock import cache
 from django_ylock.decorators import limited, locked
 from django_ylock.fencing import FenceField, fenced_save, fenced_update
+from django_ylock.idempotency import idempotent
 from django_ylock.registry import InjectLock, InjectLocks, engine, inject, lock, locks, semaphore, semaphores
 from django_ylock.request_lock import current_lock
 
 __all__ = ["lock", "locks", "semaphore", "semaphores", "engine", "locked", "limited", "InjectLock", "InjectLocks",
-           "inject", "current_lock", "FenceField", "fenced_update", "fenced_save", "cache"]
+           "inject", "current_lock", "FenceField", "fenced_update", "fenced_save", "cache", "idempotent"]

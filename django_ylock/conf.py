@@ -19,14 +19,17 @@ from typing import Any
 from django.conf import settings
 
 from django_ylock.env import url_from_env
+from ylock import idempotency, web
 from ylock import options as opt
-from ylock import web
 from ylock.errors import ConfigurationError
 from ylock.registry import TOP_KEYS, Registry, with_default_engine
 
 DEFAULT_FILE = os.path.join(".ylock", "ylock-redis.db")   # the directory: see ylock.embedded
-#: Every key of the YLOCK setting: the core's and the web plugins' (see ylock.web.SETTINGS).
-KNOWN_KEYS = {**TOP_KEYS, **web.SETTINGS}
+#: Every key of the YLOCK setting: the core's, the web plugins' (see ylock.web.SETTINGS) and
+#: the idempotent views' defaults (ylock.idempotency.DEFAULTS).
+KNOWN_KEYS = {**TOP_KEYS, **web.SETTINGS, "IDEMPOTENCY": None}
+#: The store of @idempotent views unless YLOCK["IDEMPOTENCY"]["CACHE"] or cache= says.
+DEFAULT_CACHE = "default"
 
 
 def where(key: str) -> str:
@@ -47,6 +50,8 @@ class Config:
     raw: Any                                   # as the user wrote it (None when absent)
     registry: Registry                         # engines and named locks
     web: web.WebSettings                       # the plugin's own keys (defaults when invalid)
+    # YLOCK["IDEMPOTENCY"]: the defaults of @idempotent
+    idempotency: idempotency.Options = field(default_factory=lambda: idempotency.Options(cache=DEFAULT_CACHE))
     problems: list[ConfigurationError] = field(default_factory=list)   # everything wrong, for checks
 
 
@@ -59,7 +64,7 @@ def _read() -> Config:
                                            code=opt.E_SHAPE,
                                            hint='e.g. YLOCK = {"ENGINES": {"default": {"URL": "redis://..."}}}'))
         value = {}
-    core = {k: v for k, v in value.items() if k not in web.SETTINGS}
+    core = {k: v for k, v in value.items() if k not in web.SETTINGS and k != "IDEMPOTENCY"}
     core["ENGINES"] = with_default_engine(core.get("ENGINES"), url_from_env(), default_url)
     registry = Registry(core)
     problems.extend(registry.problems(known=KNOWN_KEYS))
@@ -73,15 +78,29 @@ def _read() -> Config:
         except ImportError as exc:
             problems.append(ConfigurationError(f"{where('METRICS')} needs an extra: {exc}", code=opt.E_EXTRA,
                                                hint="pip install 'ylock[influxdb]' or 'ylock[prometheus]'"))
-    web_settings = web.WebSettings()
-    for key in web.SETTINGS:                   # each key on its own, so that checks report every problem
-        try:
-            web.web_settings({key: value.get(key)}, where)
-        except ConfigurationError as exc:
-            problems.append(exc)
-    if not any(p.code in (opt.E_USER_LOCK, opt.E_RESPONSE) for p in problems):
-        web_settings = web.web_settings({k: value.get(k) for k in web.SETTINGS}, where)
-    return Config(raw, registry, web_settings, problems)
+    # Every bad key is a problem of its own (checks report them all); it takes its default.
+    web_settings = web.web_settings({k: value.get(k) for k in web.SETTINGS}, where, problems)
+    idempotency_options = _idempotency(value, problems)
+    return Config(raw, registry, web_settings, idempotency_options, problems)
+
+
+def check_cache(value: Any, where: str) -> str | None:
+    """Return ``value`` if it can name an idempotency store: a CACHES alias (a non-empty
+    str) or None (the lock engine's server); raise ConfigurationError naming ``where``."""
+    if value is None or (isinstance(value, str) and value):
+        return value
+    raise opt.fail(where, f"must be a CACHES alias (e.g. 'default') or None (the lock engine's server), got "
+                   f"{value!r}", opt.E_IDEMPOTENCY)
+
+
+def _idempotency(value: Mapping[str, Any], problems: list[ConfigurationError]) -> idempotency.Options:
+    """YLOCK["IDEMPOTENCY"] validated (the defaults, and a problem, when invalid)."""
+    try:
+        return idempotency.settings(value.get("IDEMPOTENCY"), where("IDEMPOTENCY"), cache=DEFAULT_CACHE,
+                                    check_cache=check_cache)
+    except ConfigurationError as exc:
+        problems.append(exc)
+        return idempotency.Options(cache=DEFAULT_CACHE)
 
 
 _current: Config | None = None

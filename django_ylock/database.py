@@ -32,7 +32,6 @@ from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
 from ylock import options as opt
-from ylock.engines import register_scheme
 from ylock.engines.base import split_url_options
 from ylock.engines.postgres import PostgresEngine
 from ylock.errors import ConfigurationError
@@ -105,6 +104,3 @@ class DjangoDatabaseEngine(PostgresEngine):
                      f"django://{self.alias}?scope=transaction (or ?pooler=session if the pooler keeps sessions)")
         return found
 
-
-# Importing the engine is enough to serve its URLs (the app's ready() registers it too).
-register_scheme("django", DjangoDatabaseEngine, extra="postgres")

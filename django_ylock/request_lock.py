@@ -47,6 +47,11 @@ def _held(request: HttpRequest) -> web.Held:
     return held
 
 
+def request_held(request: HttpRequest) -> web.Held:
+    """Return what ``request`` holds now (kept on the request; :func:`current_lock` reads it)."""
+    return _held(request)
+
+
 def current_lock(request: HttpRequest, name: str | None = None) -> ylock.Lock | ylock.Semaphore:
     """Return the lock (or, under ``@limited``, the semaphore) that ``request`` holds while
     its view runs: the innermost of its ``@locked``/``@limited`` decorators and the per-user

@@ -22,7 +22,7 @@ from ylock.testing.redis import RedisServer
 from ylock.testing.victoriametrics import VictoriaMetrics
 
 
-def worker(stop: threading.Event, start_at: float, action: "callable") -> None:  # type: ignore[valid-type]
+def worker(stop: threading.Event, start_at: float, action: callable) -> None:  # type: ignore[valid-type]
     while time.monotonic() < start_at and not stop.is_set():
         time.sleep(0.01)
     rng = random.Random()

@@ -24,11 +24,13 @@ from typing import Any, TypeVar
 from flask import Flask, Response, current_app, g, has_app_context, request, session
 
 import ylock
+import ylock.idempotency
 import ylock.metrics
-from flask_ylock import signals
+from flask_ylock import idempotency, signals
 from flask_ylock.cache import get_or_set as cache_get_or_set
 from flask_ylock.cli import ylock_cli
-from flask_ylock.state import State, in_config_terms, state
+from flask_ylock.config import check_cache
+from flask_ylock.state import State, state
 from ylock import clients, events, web
 from ylock.engines.base import PERMIT, WRITE
 from ylock.owner import new_owner, owner_scope
@@ -54,14 +56,11 @@ class YLock:
             raise RuntimeError(f"ylock is already initialised on app {app.name!r}; call init_app once per app")
         state = State(app)
         for spec in self._limited:
-            try:
-                spec.check(state.registry)
-            except ylock.ConfigurationError as exc:
-                raise in_config_terms(exc, app) from exc
+            spec.check(state.registry)          # its errors name the app.config keys (the registry's names)
         app.extensions["ylock"] = state
         # Labels by an unbounded lock name take a metrics server down: say so at startup.
-        for found in ylock.metrics.unbounded(state.settings["METRICS"], web.keyed_groups(state.registry, state.web),
-                                             setting="YLOCK_METRICS"):
+        keyed = ylock.metrics.keyed_groups(state.registry, state.web)
+        for found in ylock.metrics.unbounded(state.settings["METRICS"], keyed, setting="YLOCK_METRICS"):
             warnings.warn(f"{found.problem} ({found.hint})", ylock.metrics.UnboundedLabelsWarning, stacklevel=2)
         events.subscribe(signals.relay)
         app.before_request(self._before_request)
@@ -165,6 +164,27 @@ class YLock:
         if has_app_context() and "ylock" in current_app.extensions:
             view_spec.check(state().registry)       # decorated after init_app: check now
         return functools.partial(_decorate, view_spec)
+
+    def idempotent(self, header: Any = ylock.DEFAULT, *, required: Any = ylock.DEFAULT, ttl: Any = ylock.DEFAULT,
+                   scope: Any = ylock.DEFAULT, timeout: Any = ylock.DEFAULT, lease: Any = ylock.DEFAULT,
+                   cache: Any = ylock.DEFAULT, lock: Any = ylock.DEFAULT) -> Callable[[F], F]:
+        """Run a view at most once per idempotency key: a retried POST, PUT, PATCH or DELETE
+        with the same ``Idempotency-Key`` header gets the first response replayed (see
+        :mod:`ylock.idempotency` for every answer: 400, 409, 422, the replay with
+        ``Idempotent-Replayed: true``, 503; a 5xx or an exception is not stored).
+
+        The arguments are Django's ``@idempotent``'s (unset ones take ``YLOCK_IDEMPOTENCY``'s
+        values); ``scope`` is ``"user"`` (Flask-Login's user, else the session), ``"global"``
+        or a callable taking the view's keyword arguments; ``cache`` is ``"auto"`` (the
+        default: the app's Flask-Caching cache when it has one, else the lock engine's
+        server), None (the lock engine's server) or a Flask-Caching ``Cache``. Checked here,
+        when applied; works on sync and async views and with no arguments at all."""
+        if callable(header):            # @ylock.idempotent without parentheses
+            return self.idempotent()(header)  # type: ignore[no-any-return]
+        given = ylock.idempotency.check_given(
+            {"header": header, "required": required, "ttl": ttl, "scope": scope, "timeout": timeout, "lease": lease,
+             "cache": cache, "lock": lock}, check_cache=check_cache)
+        return idempotency.Idempotent(given, request_owner, _held, current_user_key, answer).decorate
 
     # -- per-user locking around requests ---------------------------------------------------
 

@@ -2,13 +2,13 @@
 object, so one ``YLock()`` serves several apps), and :func:`state`, which finds it."""
 from __future__ import annotations
 
-import re
+from typing import Any
 
 from flask import Flask, current_app, has_app_context
 
 import ylock
 import ylock.metrics
-from flask_ylock.config import settings_from_app, web_settings_from_app, where
+from flask_ylock.config import idempotency_settings, setting_name, settings_from_app, web_settings_from_app, where
 from ylock.registry import TOP_KEYS, Registry
 
 
@@ -18,27 +18,15 @@ class State:
     def __init__(self, app: Flask) -> None:
         # Validate everything before starting anything (exporters are process-wide).
         self.settings = settings_from_app(app)
-        self.registry = Registry(self.settings, where="YLOCK")
-        try:
-            self.registry.validate(known=TOP_KEYS)
-        except ylock.ConfigurationError as exc:
-            raise in_config_terms(exc, app) from exc
+        self.registry = Registry(self.settings, where=lambda *path: setting_name(app, *path))
+        self.registry.validate(known=TOP_KEYS)
         self.web = web_settings_from_app(app)
         self.secret = app.secret_key
         ylock.metrics.validate(self.settings["METRICS"], setting=where("METRICS"))
         self.metrics = ylock.metrics.configure(self.settings["METRICS"], setting=where("METRICS"))
         self.user_locks = None if self.web.user_lock is None else self.web.user_lock.specs()
-
-
-def in_config_terms(exc: ylock.ConfigurationError, app: Flask) -> ylock.ConfigurationError:
-    """The registry's error, naming the ``app.config`` keys the user wrote: the registry
-    reads a Django-shaped dict (``YLOCK['LOCKS']['accounts']``), the user wrote
-    ``YLOCK_LOCKS['accounts']`` (and ``YLOCK_URL``, when the default engine came from it)."""
-    def rename(text: str) -> str:
-        if app.config.get("YLOCK_ENGINES") is None:
-            text = text.replace("YLOCK['ENGINES']['default']", "YLOCK_URL")
-        return re.sub(r"YLOCK\['(ENGINES|LOCKS|METRICS)'\]", r"YLOCK_\1", text)
-    return ylock.ConfigurationError(rename(exc.problem), code=exc.code, hint=rename(exc.hint))
+        self.idempotency = idempotency_settings(app)      # YLOCK_IDEMPOTENCY: the defaults of @idempotent
+        self.idempotency_stores: dict[int, Any] = {}       # the record stores built for its caches
 
 
 def state(app: Flask | None = None) -> State:

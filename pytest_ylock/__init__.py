@@ -16,6 +16,12 @@ or Celery before then. See docs/testing.md.
     a function ``ylock_flask(app)`` that points ``app``'s ylock engines at the test engine
     for the test's duration (``app`` with ``YLock(app)`` or ``init_app`` done) and returns
     the engine.
+``ylock_idempotency``
+    helpers for ``@idempotent`` views (:mod:`ylock.testing.idempotency`):
+    ``assert_replays(send)`` sends a request twice with one key and asserts the replay;
+    ``in_flight(key, lock="idempotency", scope=..., app=None)`` holds the key's lock as a
+    request in flight would (Django's named lock family, or Flask ``app``'s), for a 409;
+    ``user_scope(user)`` is a user's scope.
 ``ylock_celery``
     a function ``ylock_celery(app)`` doing the same for a Celery app whose ylock settings
     are its own (``app.conf.ylock`` / ``ylock_url``); a Celery app that follows
@@ -107,3 +113,44 @@ def ylock_celery(ylock_engine: LocalTestEngine) -> Iterator[Callable[[Any], Loca
     yield use
     for undo in reversed(restore):
         undo()
+
+
+class IdempotencyHelpers:
+    """What ``ylock_idempotency`` hands a test (see :mod:`ylock.testing.idempotency`)."""
+
+    def assert_replays(self, send: Callable[[str], Any], key: str | None = None) -> tuple[Any, Any]:
+        """Send a request twice with one key (``send(key)``); assert the second replays the first."""
+        from ylock.testing.idempotency import assert_replays
+
+        return assert_replays(send, key)
+
+    def user_scope(self, user: Any) -> str:
+        """The scope of ``user``'s keys under ``scope="user"``."""
+        from ylock.testing.idempotency import user_scope
+
+        return user_scope(user)
+
+    def in_flight(self, key: str, *, lock: str = "idempotency", scope: str | None = None,
+                  app: Any = None) -> Any:
+        """A context manager holding ``key``'s lock (in ``scope``: default the anonymous
+        requests'; ``user_scope(user)`` for a user's) as a request in flight would: the
+        view answers 409 meanwhile. The lock family ``lock`` is Django's, or Flask
+        ``app``'s."""
+        from ylock.idempotency import ANONYMOUS
+        from ylock.testing.idempotency import in_flight
+
+        if app is not None:
+            from flask_ylock.state import state
+
+            locks = state(app).registry.locks(lock)
+        else:
+            import django_ylock
+
+            locks = django_ylock.locks(lock)
+        return in_flight(locks, key, ANONYMOUS if scope is None else scope)
+
+
+@pytest.fixture
+def ylock_idempotency() -> IdempotencyHelpers:
+    """Helpers to test ``@idempotent`` views: ``assert_replays``, ``in_flight``, ``user_scope``."""
+    return IdempotencyHelpers()

@@ -67,8 +67,12 @@ def test_the_errors_are_also_builtin_exceptions() -> None:
     assert isinstance(ylock.ConfigurationError("x"), ValueError)
 
 
-PACKAGES = ("ylock", "django_ylock", "flask_ylock", "celery_ylock")
-PLUGINS = PACKAGES[1:]
+PACKAGES = ("ylock", "django_ylock", "flask_ylock", "celery_ylock", "pytest_ylock", "bench")
+PLUGINS = ("django_ylock", "flask_ylock", "celery_ylock")
+#: The packages shipped (``bench`` is the repository's benchmarks): the size rule is theirs.
+SHIPPED = PACKAGES[:5]
+#: Past these a module (a class) holds more than one concern: carve it (STYLE.md).
+MODULE_LINES, CLASS_LINES = 600, 450
 
 
 def _module_files() -> dict[str, Path]:
@@ -101,7 +105,8 @@ def _imports(module: str, path: Path, modules: Mapping[str, Path]) -> set[str]:
 
 def test_no_import_circle_in_the_core_nor_the_plugins() -> None:
     """The README's Layout rules: no module reaches itself through imports (top-level and
-    function-level alike), and the core imports no plugin."""
+    function-level alike; the benchmarks and the pytest plugin included), and the core
+    imports no plugin."""
     modules = _module_files()
     graph = {module: _imports(module, path, modules) for module, path in modules.items()}
     circles = []
@@ -121,6 +126,40 @@ def test_no_import_circle_in_the_core_nor_the_plugins() -> None:
     core_to_plugin = sorted(f"{m} -> {i}" for m, deps in graph.items() if m.split(".")[0] == "ylock"
                             for i in deps if i.split(".")[0] in PLUGINS)
     assert core_to_plugin == []
+
+
+def test_no_module_of_the_core_imports_the_package_face() -> None:
+    """``ylock/__init__.py`` is the users' face: a module of the core takes what it needs from
+    the module that defines it (``from ylock.version import __version__``), never from the
+    face, whose names may move (and whose import would run the whole package first)."""
+    modules = _module_files()
+    face = []
+    for module, path in modules.items():
+        if module.split(".")[0] != "ylock" or module == "ylock":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "ylock" and not node.level:
+                face += [f"{module}: from ylock import {a.name}" for a in node.names
+                         if f"ylock.{a.name}" not in modules]
+            elif isinstance(node, ast.Import):
+                face += [f"{module}: import ylock" for a in node.names if a.name == "ylock" and a.asname is None]
+    assert face == []
+
+
+def test_no_module_nor_class_past_its_size() -> None:
+    """A module a reader cannot name by one concern is carved (STYLE.md): none of the shipped
+    packages has a module over MODULE_LINES lines or a class over CLASS_LINES."""
+    big = []
+    for module, path in _module_files().items():
+        if module.split(".")[0] not in SHIPPED:
+            continue
+        text = path.read_text()
+        if text.count("\n") > MODULE_LINES:
+            big.append(f"{module}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > CLASS_LINES:
+                big.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert big == []
 
 
 def _strings(tree: ast.AST) -> list[str]:

@@ -114,7 +114,7 @@ def test_the_wheel_installs_the_ylock_command_and_says_what_it_is(dist: Path) ->
     with tarfile.open(next(dist.glob("ylock-*.tar.gz"))) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
     assert {"LICENSE", "CHANGELOG.md", "README.md", "setup.cfg", "pyproject.toml",
-            "ylock/engines/redis/lua/acquire.lua", "ylock/cli.py"} <= names
+            "ylock/engines/redis/lua/acquire.lua", "ylock/cli.py", "celery_ylock/beat/lua/claim.lua"} <= names
 
 
 def test_the_ylock_command_runs_from_its_entry_point() -> None:

@@ -20,15 +20,17 @@ from ylock.errors import (
     LockTimeout,
     LockUpgradeError,
 )
+from ylock.guard import DEFAULT, Guard
 from ylock.holds import HOLDS
 from ylock.leader import Leadership
-from ylock.lock import DEFAULT, Guard, Lock, Locks, Semaphore, Semaphores, Ticket
+from ylock.lock import Lock, Locks
 from ylock.multi import all_of
 from ylock.owner import context, current_owner, owner_scope, run_as
+from ylock.semaphore import Semaphore, Semaphores
+from ylock.tickets import Ticket
+from ylock.version import __version__ as __version__
 from ylock.waiting import Polling
 from ylock.watchdog import WATCHDOG
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Lock", "Locks", "Semaphore", "Semaphores", "Guard", "all_of", "Leadership", "Ticket",

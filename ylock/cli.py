@@ -296,7 +296,7 @@ def execute_in(registry: Registry, action: str, options: Mapping[str, Any], cons
             alias = registry.lock_options(name).engine
             lock = registry.lock(name)
         except ConfigurationError as exc:
-            raise CommandFailed(f"invalid {registry.where} setting: {exc}") from exc
+            raise CommandFailed(f"invalid {registry.setting()} setting: {exc}") from exc
         return (alias, lock.engine), lock
 
     return execute(action, options, console, named_lock=named_lock, stderr=stderr,

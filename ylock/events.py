@@ -106,10 +106,11 @@ class Acquisition:
     """One watched first acquisition, handed to each hook of its watchers: ``target`` (the
     :class:`~ylock.Lock` or :class:`~ylock.Semaphore`), ``mode``, ``owner``, ``started_ns``
     (``time.time_ns()`` at the call), ``context`` (what the hold will say about its owner:
-    a watcher's :meth:`Watcher.start` may add fields), and ``notes``, where each watcher
-    keeps what it carries from one hook to the next (by itself as the key)."""
+    a watcher's :meth:`Watcher.start` may add fields), ``notes``, where each watcher
+    keeps what it carries from one hook to the next (by itself as the key), and ``holders``,
+    who held it when it started to wait, if the engine said (see :meth:`queued`)."""
 
-    __slots__ = ("watchers", "target", "mode", "owner", "started_ns", "context", "notes")
+    __slots__ = ("watchers", "target", "mode", "owner", "started_ns", "context", "notes", "holders")
 
     def __init__(self, watchers: tuple[Watcher, ...], target: Any, mode: str, owner: str,
                  context: Mapping[str, Any] | None) -> None:
@@ -117,6 +118,17 @@ class Acquisition:
         self.started_ns = time.time_ns()
         self.context = context
         self.notes: dict[Any, Any] = {}
+        #: Who holds what the acquisition waits for, as the engine told when it queued
+        #: (owner -> what it said, as :attr:`ylock.LockInfo.context`); None: not told.
+        self.holders: Mapping[str, Mapping[str, Any]] | None = None
+
+    def queued(self, holders: Mapping[str, Mapping[str, Any]] | None) -> None:
+        """The engine says the acquisition has to wait (its first try did not get it), and who
+        holds it if it knows: each watcher's :meth:`Watcher.waiting` hears it (the engine
+        calls this once)."""
+        self.holders = holders
+        for watcher in self.watchers:
+            watcher.waiting(self)
 
 
 class Watcher(Protocol):
@@ -132,7 +144,8 @@ class Watcher(Protocol):
         be extended here)."""
 
     def waiting(self, acquisition: Acquisition) -> None:
-        """The first try failed: the acquisition is about to wait."""
+        """The first try failed: the acquisition is about to wait (the engine says so, from
+        inside the acquisition: no request of its own)."""
 
     def waited(self, acquisition: Acquisition, token: int | None, error: BaseException | None) -> None:
         """The acquisition ended: a token, None (timed out) or ``error`` (raised after this)."""

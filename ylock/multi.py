@@ -15,8 +15,8 @@ from typing import Any
 
 from ylock import options
 from ylock.errors import LockTimeout
+from ylock.guard import DEFAULT, Guard
 from ylock.holds import WRITE
-from ylock.lock import DEFAULT, Guard
 
 
 class AllOf:

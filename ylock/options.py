@@ -29,6 +29,7 @@ E_IMPORT = "E006"         # a dotted path cannot be imported
 E_USER_LOCK = "E010"      # invalid per-user lock settings
 E_METRICS = "E011"        # invalid metrics settings
 E_RESPONSE = "E012"       # invalid answer settings (status, Retry-After, ON_LOCKED)
+E_IDEMPOTENCY = "E013"    # invalid IDEMPOTENCY settings, or a store that cannot keep idempotency records
 
 #: Timeouts at or above this many seconds (about 31 years) wait forever, like None.
 FOREVER = 1e9

@@ -38,12 +38,13 @@ from ylock import options as opt
 from ylock.engines import engine_class_for_url, engine_from_path, engine_from_url
 from ylock.engines.base import Engine
 from ylock.errors import ConfigurationError
-from ylock.lock import Lock, Locks, Semaphore, Semaphores
+from ylock.lock import Lock, Locks
 from ylock.names import check_group, check_name
+from ylock.semaphore import Semaphore, Semaphores
 from ylock.waiting import Polling
 
 DEFAULT_ENGINE = "default"
-TOP_KEYS = {"ENGINES": None, "LOCKS": None, "METRICS": None, "DEFAULT_URL": None}
+TOP_KEYS = {"ENGINES": None, "LOCKS": None, "METRICS": None}
 ENGINE_KEYS = {"URL": None, "ENGINE": None, "OPTIONS": None}
 LOCK_DEFAULTS: dict[str, Any] = {"ENGINE": DEFAULT_ENGINE, "GROUP": None, "NAME": "global", "FAIR": True,
                                  "LEASE": 30.0, "TIMEOUT": None, "POLLING": None, "PERMITS": None}
@@ -69,16 +70,19 @@ class LockOptions:
 class Registry:
     """Engines and named locks from a ``YLOCK``-shaped dict (see module docstring)."""
 
-    def __init__(self, settings: Mapping[str, Any] | None = None, *, where: str = "YLOCK") -> None:
+    def __init__(self, settings: Mapping[str, Any] | None = None, *,
+                 where: str | Callable[..., str] = "YLOCK") -> None:
+        """``where`` names the settings in errors as the user wrote them: the name of the
+        dict (``"YLOCK"``: ``YLOCK['LOCKS']['orders']``), or a function of a setting's path
+        (``where("LOCKS", "orders")``; ``where()`` is the whole dict) for a framework whose
+        settings are not one dict (Flask's ``YLOCK_LOCKS``)."""
+        self.where = where
         settings = settings or {}
         if not isinstance(settings, Mapping):
-            raise ConfigurationError(f"{where} must be a dict, got {type(settings).__name__}")
-        self.where = where
+            raise ConfigurationError(f"{self.setting()} must be a dict, got {type(settings).__name__}")
         self.settings = settings
         engines = settings.get("ENGINES") or {}
         self.engines_settings: dict[str, Any] = dict(engines) if isinstance(engines, Mapping) else {}
-        if not self.engines_settings and settings.get("DEFAULT_URL"):
-            self.engines_settings = {DEFAULT_ENGINE: {"URL": settings["DEFAULT_URL"]}}
         locks = settings.get("LOCKS") or {}
         self.locks_settings: dict[str, Any] = dict(locks) if isinstance(locks, Mapping) else {}
         self._engines: dict[str, Engine] = {}
@@ -88,6 +92,12 @@ class Registry:
         self._sem_families: dict[tuple[str, int | None], Semaphores] = {}
         self._mutex = threading.RLock()
 
+    def setting(self, *path: str) -> str:
+        """How the user wrote the setting at ``path`` (``("LOCKS", "orders", "LEASE")``)."""
+        if callable(self.where):
+            return self.where(*path)
+        return self.where + "".join(f"[{part!r}]" for part in path)
+
     # -- validation -------------------------------------------------------------------
 
     def problems(self, *, known: Mapping[str, Any] = TOP_KEYS) -> list[ConfigurationError]:
@@ -95,9 +105,9 @@ class Registry:
         reads). Nothing connects; engine modules are imported and engines built (cached)."""
         found: list[ConfigurationError] = []
         s = self.settings
-        for check in (lambda: opt.section(s, self.where, known),
-                      lambda: opt.mapping(s.get("ENGINES"), f"{self.where}['ENGINES']"),
-                      lambda: opt.mapping(s.get("LOCKS"), f"{self.where}['LOCKS']")):
+        for check in (lambda: opt.section(s, self.setting(), known),
+                      lambda: opt.mapping(s.get("ENGINES"), self.setting("ENGINES")),
+                      lambda: opt.mapping(s.get("LOCKS"), self.setting("LOCKS"))):
             try:
                 check()
             except ConfigurationError as exc:
@@ -134,7 +144,7 @@ class Registry:
         return engine
 
     def _build(self, alias: str) -> Engine:
-        where = f"{self.where}['ENGINES'][{alias!r}]"
+        where = self.setting("ENGINES", alias)
         conf = self.engines_settings.get(alias)
         if conf is None:
             raise ConfigurationError(f"no engine {alias!r} in ENGINES", code=opt.E_UNKNOWN_ENGINE,
@@ -177,7 +187,7 @@ class Registry:
         return found
 
     def _lock_options(self, name: str) -> LockOptions:
-        where = f"{self.where}['LOCKS'][{name!r}]"
+        where = self.setting("LOCKS", name)
         try:
             check_name(name)
         except ValueError as exc:
@@ -185,7 +195,7 @@ class Registry:
         raw = self.locks_settings.get(name, {})
         conf = opt.section(raw, where, LOCK_DEFAULTS, code=opt.E_LOCK_OPTION)
         if conf["ENGINE"] not in self.engines_settings:
-            raise ConfigurationError(f"{where} names no engine {conf['ENGINE']!r} in {self.where}['ENGINES']",
+            raise ConfigurationError(f"{where} names no engine {conf['ENGINE']!r} in {self.setting('ENGINES')}",
                                      code=opt.E_UNKNOWN_ENGINE,
                                      hint=f"defined: {', '.join(map(repr, self.engines_settings)) or 'none'}")
         group = conf["GROUP"] or name
@@ -244,7 +254,7 @@ class Registry:
         if permits is None:
             permits = o.permits
         if permits is None:
-            raise ConfigurationError(f"{self.where}['LOCKS'][{o.name!r}] needs PERMITS to be used as a semaphore "
+            raise ConfigurationError(f"{self.setting('LOCKS', o.name)} needs PERMITS to be used as a semaphore "
                                      "(or give permits= where it is used)", code=opt.E_LOCK_OPTION)
         return permits
 

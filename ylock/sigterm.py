@@ -1,7 +1,7 @@
 """Give back a plain script's holds when it is stopped with SIGTERM (``kill PID``).
 
 Python's default SIGTERM kills the process without running its exit hooks, so the
-release at exit (:func:`ylock.lock.release_all`) never runs and the holds block others
+release at exit (:func:`ylock.exiting.release_all`) never runs and the holds block others
 for their whole lease. A library must not take over a signal the application handles,
 so ylock installs its handler only where nobody else has one: on a process's first
 acquisition in the main thread (only the main thread may set handlers), if SIGTERM's
@@ -11,7 +11,7 @@ own handlers, so they are unaffected; an application that installs its own later
 replaces ylock's.
 
 The handler calls ``release`` (the lock module passes its release at exit, with
-:data:`ylock.lock.EXIT_BUDGET` as ``budget``), then restores the default handler and
+:data:`ylock.exiting.EXIT_BUDGET` as ``budget``), then restores the default handler and
 sends SIGTERM again: the process still dies of SIGTERM, with the same exit status and
 without exit hooks, as it would have without ylock.
 """

@@ -24,9 +24,10 @@ own tracer gets an id generator that hands a hold span the ids drawn for it and 
 everything else to the provider's. With a tracer that is not the SDK's (no
 ``id_generator``), holds are traced but store no ``traceparent``, so waits link to nothing.
 
-How the links are found: with tracing on, an acquisition first tries once without
-waiting; only if that fails does it read the lock's holders (one request) before it
-waits. Without tracing enabled none of this runs: the lock path checks one empty tuple.
+How the links are found: with tracing on, the engine tells when an acquisition starts to
+wait, and the Redis engine sends the holders' notes with it (the try that queued asked for
+them: no request of its own); the other engines' waits read the lock's holders then (one
+request). Without tracing enabled none of this runs: the lock path checks one empty tuple.
 Tracing is a watcher of the lock path (:class:`ylock.events.Watcher`): the facade never
 imports this module, and this module uses public names only. Enabled while OpenTelemetry
 has no tracer provider configured (the API alone, or the SDK not set up yet), an
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ylock import events
 from ylock.engines.base import LOCK, SEMAPHORE
+from ylock.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +126,6 @@ class Tracing:
             # enable() before the application set its provider: the proxy's tracer is the
             # one the provider hands out for ylock (the SDK keeps one per name and version),
             # and a global provider is set once, so it is kept from now on.
-            from ylock import __version__
 
             tracer = self.tracer = self._trace.get_tracer_provider().get_tracer("ylock", __version__)
         if tracer is self._ids_of:
@@ -157,7 +158,13 @@ class Tracing:
         return {"ylock.group": target.group, "ylock.name": target.name, "ylock.mode": mode,
                 "ylock.kind": target.kind, "ylock.engine": target.engine.scheme}
 
-    def _holders(self, target: Any) -> list[Any]:
+    def _holders(self, target: Any, told: Mapping[str, Mapping[str, Any]] | None) -> list[Any]:
+        """Links to the hold spans of the holders waited for: those the engine told of when
+        the acquisition queued (Redis: in the reply of the try that queued it), else read here
+        (one request to the engine)."""
+        if told is not None:
+            links = [self._link(owner, said) for owner, said in told.items()]
+            return [link for link in links if link is not None]
         try:
             info = target.engine.describe_lock(target.group, target.name, SEMAPHORE if target.kind == SEMAPHORE
                                                else LOCK)
@@ -195,9 +202,11 @@ class Tracing:
 
     def waiting(self, acquisition: events.Acquisition) -> None:
         """Start the wait span, linked to the hold spans of the holders waited for (the
-        ``traceparent`` in their holder notes): read once, after the first try failed."""
+        ``traceparent`` in their holder notes): as the engine told when the acquisition
+        queued, or read once now."""
         target = acquisition.target
-        acquisition.notes[self] = self._wait_span(target, acquisition.mode, self._holders(target),
+        acquisition.notes[self] = self._wait_span(target, acquisition.mode,
+                                                  self._holders(target, acquisition.holders),
                                                   acquisition.started_ns)
 
     def waited(self, acquisition: events.Acquisition, token: int | None, error: BaseException | None) -> None:
@@ -253,7 +262,6 @@ def enable(tracer_provider: Any = None) -> Tracing:
     global ACTIVE
     from opentelemetry import trace
 
-    from ylock import __version__
 
     provider = tracer_provider or trace.get_tracer_provider()
     disable()

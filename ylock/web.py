@@ -41,9 +41,11 @@ from ylock import clients
 from ylock import options as opt
 from ylock.engines.base import PERMIT, READ, WRITE
 from ylock.errors import ConfigurationError, EngineUnavailable, LockLost, LockTimeout
-from ylock.lock import DEFAULT, Lock, Semaphore
+from ylock.guard import DEFAULT
+from ylock.lock import Lock
 from ylock.names import check_group, check_name, name_for
 from ylock.owner import owner_scope
+from ylock.semaphore import Semaphore
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +82,11 @@ USER_LOCK_DEFAULTS: dict[str, Any] = {
 
 #: The families this process locks one key at a time (by a URL value, a callable, the user),
 #: with how, as ``@locked``, ``@limited`` and USER_LOCK declared them: their lock names are
-#: unbounded, so :func:`ylock.metrics.unbounded_labels` warns about labelling them by name.
+#: unbounded, so :func:`ylock.metrics.keyed_groups` tells the checks not to label them by name.
 KEYED: dict[str, str] = {}
+
+#: The lock name of a logged-in user (kept here too: :mod:`ylock.clients` is its home now).
+user_name = clients.user_name
 
 #: What a request holds: a lock (``@locked``, the per-user lock) or a semaphore's permit
 #: (``@limited``, the per-user lock with PERMITS > 1).
@@ -134,22 +139,38 @@ class WebSettings:
     client_key: clients.ClientKey | None = clients.authorization
 
 
-def web_settings(values: Mapping[str, Any], where: Callable[[str], str]) -> WebSettings:
+def web_settings(values: Mapping[str, Any], where: Callable[[str], str],
+                 problems: list[ConfigurationError] | None = None) -> WebSettings:
     """Validate the plugin settings ``values`` (keys of :data:`SETTINGS`; missing ones take
     their default); ``where(key)`` names a key as the user wrote it (``YLOCK['USER_LOCK']``
-    or ``YLOCK_USER_LOCK``). Raise ConfigurationError naming the first bad one."""
+    or ``YLOCK_USER_LOCK``). Raise ConfigurationError naming the first bad one; or, given a
+    ``problems`` list, append each bad key's error to it and use that key's default (a
+    settings check reports every problem, each key validated once)."""
     s = {**SETTINGS, **{k: v for k, v in values.items() if v is not None}}
-    status = opt.number(s["LOCKED_STATUS"], where("LOCKED_STATUS"), minimum=400, maximum=599, integer=True,
-                        code=opt.E_RESPONSE)
-    retry = s["RETRY_AFTER"]
-    if retry is not None:
-        retry = opt.number(retry, where("RETRY_AFTER"), minimum=0, maximum=86400, integer=True, code=opt.E_RESPONSE)
-    on_locked = s["ON_LOCKED"]
-    if on_locked is not None:
-        on_locked = opt.importable(on_locked, where("ON_LOCKED"), code=opt.E_RESPONSE, call=True)
-    return WebSettings(user_lock=user_lock_settings(s["USER_LOCK"], where("USER_LOCK")), locked_status=status,
-                       retry_after=retry, on_locked=on_locked,
-                       client_key=clients.client_key_setting(values.get("CLIENT_KEY"), where("CLIENT_KEY")))
+
+    def checked(key: str, check: Callable[[Any], Any]) -> Any:
+        try:
+            return check(s[key])
+        except ConfigurationError as exc:
+            if problems is None:
+                raise
+            problems.append(exc)
+            return check(SETTINGS[key])
+
+    def retry_after(value: Any) -> int | None:
+        return None if value is None else opt.number(value, where("RETRY_AFTER"), minimum=0, maximum=86400,
+                                                     integer=True, code=opt.E_RESPONSE)
+
+    def on_locked(value: Any) -> Callable[..., Any] | None:
+        return None if value is None else opt.importable(value, where("ON_LOCKED"), code=opt.E_RESPONSE, call=True)
+
+    return WebSettings(
+        user_lock=checked("USER_LOCK", lambda value: user_lock_settings(value, where("USER_LOCK"))),
+        locked_status=checked("LOCKED_STATUS", lambda value: opt.number(
+            value, where("LOCKED_STATUS"), minimum=400, maximum=599, integer=True, code=opt.E_RESPONSE)),
+        retry_after=checked("RETRY_AFTER", retry_after),
+        on_locked=checked("ON_LOCKED", on_locked),
+        client_key=checked("CLIENT_KEY", lambda value: clients.client_key_setting(value, where("CLIENT_KEY"))))
 
 
 def user_lock_settings(value: Any, where: str) -> UserLock | None:
@@ -345,8 +366,8 @@ class LimitSpec(RequestSpec):
             return              # a problem of the settings themselves: their own check names it
         if self.permits is None and options.permits is None:
             raise opt.fail(f"{self.decorator}({self.name!r})", f"needs permits=N, or PERMITS in "
-                           f"{registry.where}['LOCKS'][{self.name!r}]", opt.E_LOCK_OPTION,
-                           f"e.g. {registry.where}['LOCKS'] = {{{self.name!r}: {{'PERMITS': 3}}}}")
+                           f"{registry.setting('LOCKS', self.name)}", opt.E_LOCK_OPTION,
+                           f"e.g. {registry.setting('LOCKS')} = {{{self.name!r}: {{'PERMITS': 3}}}}")
 
     def mode_for(self, request: object) -> str:
         return PERMIT
@@ -355,21 +376,6 @@ class LimitSpec(RequestSpec):
         if key == "":
             return registry.semaphore(self.name, self.permits)  # type: ignore[no-any-return]
         return registry.semaphores(self.name, self.permits)[key]  # type: ignore[no-any-return]
-
-
-def keyed_groups(registry: Any, settings: WebSettings) -> dict[str, str]:
-    """The lock groups taken one key at a time (group -> how): those of the families
-    :data:`KEYED` records, and the per-user lock's; for :func:`ylock.metrics.unbounded`."""
-    families = dict(KEYED)
-    if settings.user_lock is not None:
-        families.setdefault(settings.user_lock.lock, "USER_LOCK (one lock per user)")
-    groups: dict[str, str] = {}
-    for name, how in families.items():
-        try:
-            groups.setdefault(registry.lock_options(name).group, how)
-        except ConfigurationError:
-            continue            # the settings' own checks name it
-    return groups
 
 
 def check_family_name(name: str) -> None:

@@ -1,4 +1,4 @@
-"""The asyncio notify hub (``ylock.engines.redis.direct.NotifyHub``) while the tasks of one
+"""The asyncio notify hub (``ylock.engines.redis.hubs.NotifyHub``) while the tasks of one
 loop take turns on a fair lock: a task's key stays watched for a while after it stopped
 waiting, so a task that waits again needs no wake-up and the hub no second ``BLPOP``. The
 turns stay fair and exclusive."""
@@ -59,7 +59,8 @@ def test_tasks_taking_turns_send_no_wake_ups_and_one_blpop_per_handoff(group):
 
 
 def test_a_value_popped_between_two_waits_of_a_task_makes_its_next_wait_a_wake_up():
-    from ylock.engines.redis.direct import AsyncDirectCalls, NotifyHub
+    from ylock.engines.redis.calls import AsyncDirectCalls
+    from ylock.engines.redis.hubs import NotifyHub
 
     async def main(server: RedisServer) -> tuple[object, object, float]:
         pool = redis.asyncio.ConnectionPool.from_url(server.url)
@@ -67,7 +68,7 @@ def test_a_value_popped_between_two_waits_of_a_task_makes_its_next_wait_a_wake_u
         hub = NotifyHub(pool, calls, "ylock-test-hub-wake")
         other = asyncio.create_task(hub.wait("ylock-test-a", 30))    # keeps the hub blocking
         first = await hub.wait("ylock-test-b", 0.2)                   # nothing yet: times out
-        await calls("LPUSH", "ylock-test-b", "granted", timeout=2)   # b's key still watched: popped
+        await calls("LPUSH", "ylock-test-b", "granted", end=time.monotonic() + 2)   # b's key still watched: popped
         for _ in range(500):
             if "ylock-test-b" in hub._early:
                 break

@@ -36,7 +36,7 @@ def test_bench_quick_smoke(tmp_path):
 def test_the_stolen_cpu_share_is_read_from_proc_stat():
     """bench.run's steal figure: the hypervisor's share of the machine's CPU ticks between two
     readings of /proc/stat (a VM whose host is busy loses rounds to it)."""
-    from bench.run import cpu_ticks, steal_pct
+    from bench.common import cpu_ticks, steal_pct
 
     before = cpu_ticks()
     deadline = time.monotonic() + 5

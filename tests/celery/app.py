@@ -13,7 +13,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_process_init
 
-from celery_ylock import LockedTask, signals
+from celery_ylock import LockedTask, current_lock, signals
 from ylock.testing.fencing import FencedRegister, UnfencedCounter
 
 app = Celery("ylock_tests", set_as_current=False)
@@ -51,7 +51,7 @@ def _wait_for(gate: str | None, timeout: float = 30.0) -> None:
           lock={"name": "counter", "key": "{job}", "on_busy": "wait", "timeout": 120})
 def count(self: LockedTask, job: str, counter: str, register: str, pause: float) -> dict[str, Any]:
     """Read, pause, write: updates get lost unless the runs exclude each other."""
-    hold = self.request.ylock
+    hold = current_lock(self)              # the typed accessor (self.request.ylock, as a TaskHold)
     started = time.time()
     UnfencedCounter(counter, pause).increment()
     accepted = FencedRegister(register).increment(hold.token)

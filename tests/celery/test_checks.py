@@ -13,7 +13,7 @@ import pytest
 from celery import Celery
 
 import ylock
-from celery_ylock import LockedTask, TaskLocked, check_app, conf, skipped
+from celery_ylock import LockedTask, TaskLocked, check_app, conf, current_lock, skipped
 from tests.helpers import collect
 
 pytestmark = pytest.mark.slow
@@ -194,6 +194,26 @@ def test_run_scope_in_eager_mode(eager: Celery) -> None:
         thread.join(5)
     token, lost = skip("a")                 # a direct call takes the lock too
     assert isinstance(token, int) and not lost and skip.lock_for("a").try_lock()
+
+
+def test_current_lock_is_the_runs_hold_and_says_when_there_is_none(eager: Celery) -> None:
+    """``current_lock(self)``: the run's TaskHold, typed (``self.request.ylock``); a LookupError
+    naming the task where the run holds no lock (no lock= option, or no key for its arguments)."""
+    def job(self: Any, job: str | None) -> Any:
+        hold = current_lock(self)
+        return hold.token, hold.lock.name, hold is self.request.ylock
+
+    locked = register(eager, {"name": "jobs", "key": lambda job: job}, job, bind=True, name="current")
+    token, name, same = locked.delay("a").get()
+    assert isinstance(token, int) and name == "a" and same
+    with pytest.raises(LookupError, match="task current holds no ylock lock in this run"):
+        locked.delay(None).get()            # no key: no lock for this run
+
+    @eager.task(bind=True, name="plain", shared=False)
+    def plain(self: Any) -> Any:
+        return current_lock(self)
+    with pytest.raises(LookupError, match="task plain holds no ylock lock"):
+        plain.delay().get()
 
 
 def test_enqueue_scope_in_eager_mode(eager: Celery) -> None:

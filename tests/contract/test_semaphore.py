@@ -10,7 +10,7 @@ import pytest
 
 import ylock
 from tests.contract import other, sem
-from tests.helpers import Runner, expect_event, wait_until
+from tests.helpers import Runner, collect, expect_event, wait_until
 from ylock import events
 
 
@@ -254,3 +254,24 @@ def test_holds_say_what_their_owners_are_doing(engine, group):
         info = next(i for i in engine.describe(group) if i.kind == "lock")
         assert set(info.context[ylock.current_owner()]) == {"host", "pid", "since"}   # nothing said
     assert not [i for i in engine.describe(group) if i.owners]
+
+
+
+def test_a_semaphore_held_for_many_leases_is_still_described_as_one(engine, group):
+    """What describe() says of a semaphore (its kind and permits) lives as long as its
+    holders: a permit renewed over several of its leases keeps the semaphore a semaphore in
+    ``ylock list`` and the admin page (the Redis engine kept the permit count for two leases
+    from the last acquisition only, then listed a held semaphore as a lock)."""
+    held = sem(engine, group, permits=3, lease=1.0)
+    with collect(events.RENEWED) as renewals:
+        held.acquire()
+        try:
+            if engine.needs_renewal:          # renewed every third of a lease: 4 s, past twice the
+                wait_until(lambda: sum(e.group == group for e in renewals) >= 12, timeout=30,   # waiter lease
+                           what="twelve renewals of the permit")
+            info = engine.describe_lock(group, "s", kind="semaphore")
+            assert info is not None and (info.kind, info.permits, info.owners) == \
+                ("semaphore", 3, (ylock.current_owner(),))
+            assert [i.kind for i in engine.describe(group) if i.name == "s"] == ["semaphore"]
+        finally:
+            held.release()

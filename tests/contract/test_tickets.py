@@ -31,3 +31,26 @@ def test_a_detached_hold_is_adopted_by_another_owner(engine, group, kind):
     with pytest.raises(ylock.LockLost, match="adopted already|gone"):
         ylock.Lock.adopt(engine, ticket)             # a ticket is adopted once
     assert not [i for i in engine.describe(group) if i.owners]
+
+
+@pytest.mark.parametrize("kind", ["write", "permit"])
+def test_the_detaching_owner_does_not_hold_the_ticket_it_handed_over(engine, group, kind):
+    """Until the ticket is adopted, the hold is the ticket's: the owner that detached it
+    asking again waits like anyone else (it must not be handed the ticket's hold, which the
+    adopter would then share), and the adopter gets it with the detached token."""
+    target = sem(engine, group, permits=1) if kind == "permit" else ylock.Lock(engine, group, "d")
+    (target.acquire if kind == "permit" else target.lock)()
+    token = target.token
+    ticket = target.detach()
+    again = target.try_acquire(0.2) if kind == "permit" else target.try_lock(0.2)
+    assert again is False and target.token is None and not target.held()
+
+    def adopt() -> int | None:
+        adopted = (ylock.Semaphore if kind == "permit" else ylock.Lock).adopt(engine, ticket)
+        got = adopted.token
+        (adopted.release if kind == "permit" else adopted.unlock)()
+        return got
+    assert other(adopt) == token
+    assert (target.try_acquire(5) if kind == "permit" else target.try_lock(5)) is True
+    assert target.token is not None and target.token > token
+    (target.release if kind == "permit" else target.unlock)()

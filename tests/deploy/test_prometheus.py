@@ -170,7 +170,7 @@ def test_lock_names_do_not_grow_the_series(tmp_path, request, redis_url):
     requests over 200 distinct lock names (100 accounts of ``@locked(key="account_id")``,
     100 API clients' tokens under USER_LOCK) add at most a few dozen series, whichever
     worker answers the scrape. The control opts both groups in (``TAG_NAMES``): one set of
-    series per name, and ``manage.py check`` warns (W005) about exactly that setting."""
+    series per name, and ``manage.py check`` warns (W007) about exactly that setting."""
     grown: dict[bool, int] = {}
     for opted_in in (False, True):
         site, app = django_site(tmp_path / f"site-{opted_in}")
@@ -187,7 +187,7 @@ def test_lock_names_do_not_grow_the_series(tmp_path, request, redis_url):
         check = subprocess.run([sys.executable, "manage.py", "check"], cwd=site, env=env, capture_output=True,
                                text=True, timeout=120)
         assert check.returncode == 0, check.stdout + check.stderr
-        warned = re.findall(r"django_ylock\.W005\) (YLOCK\['METRICS'\]\['TAG_NAMES'\] lists '\w+')",
+        warned = re.findall(r"django_ylock\.W007\) (YLOCK\['METRICS'\]\['TAG_NAMES'\] lists '\w+')",
                             check.stdout + check.stderr)
         assert sorted(warned) == ([] if not opted_in else ["YLOCK['METRICS']['TAG_NAMES'] lists 'accounts'",
                                                            "YLOCK['METRICS']['TAG_NAMES'] lists 'users'"]), \

@@ -13,6 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 import ylock
+from tests.faults import workers as fault_workers
 from tests.helpers import Runner, expect_event, wait_until, waiters
 from tests.postgres import workers
 from ylock import events
@@ -45,7 +46,7 @@ def test_processes_lose_no_update(postgres_server, group, tmp_path):
 
 def start_holder(url: str, group: str, lease: float, register: str) -> tuple[multiprocessing.Process, object, int]:
     parent, child = spawn.Pipe()
-    proc = spawn.Process(target=workers.hold, args=(url, group, lease, register, child), daemon=True)
+    proc = spawn.Process(target=fault_workers.hold, args=(url, group, child, lease, register), daemon=True)
     proc.start()
     assert parent.poll(30), "the holder did not start"
     kind, token, _ = parent.recv()

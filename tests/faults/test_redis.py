@@ -1,7 +1,7 @@
 """Faults against the Redis engine on real servers: restarts with and without persistence,
 an acquisition whose answer is lost in a stall, a frozen server and a black-holed network
 under a queued lock, Sentinel without sentinels, a Sentinel failover and a Cluster master
-killed under load, a holder process stopped or killed, fork. Every test writes through the
+killed under load, a holder process stopped or killed (fork: test_fork.py). Every test writes through the
 fenced register and the unfenced counter inside the lock and checks exclusion with the
 journal of holds; every call's time is bounded from both sides. The force-release with a
 queued waiter is in test_force_release.py, with ZooKeeper's; the server-side faults checked
@@ -22,7 +22,7 @@ import pytest
 import redis
 
 import ylock
-from tests.faults import SLACK, Journal, hold_until_lost, holder_process, owners, server_has, take, timed, workers
+from tests.faults import SLACK, Journal, hold_until_lost, holder_process, server_has, take, timed, workers
 from tests.helpers import Runner, collect, expect_event, wait_until, waiters
 from ylock import events
 from ylock.testing import ServerError, free_port
@@ -30,7 +30,7 @@ from ylock.testing.redis import RedisServer
 
 pytestmark = pytest.mark.slow
 spawn = multiprocessing.get_context("spawn")
-fork = multiprocessing.get_context("fork")
+
 
 #: The default polling's waiter lease: how long a grant that never reached its owner lasts.
 WAITER_LEASE = ylock.Polling().waiter_lease
@@ -414,43 +414,3 @@ def test_holder_process_killed_or_stopped_past_its_lease(redis_server, engines, 
     assert w_record.token > holder.record.token
     verdict = journal.check()
     figures(f"Redis holder {how} (lease {lease} s): waiter in {taken:.3f} s; {verdict}")
-
-
-@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
-def test_fork_while_holding(redis_server, engines, journal, group):
-    """A child forked while the parent holds does not inherit the hold: held() is False in
-    the child, and its lock() waits (queued) until the parent releases; meanwhile the
-    parent's hold stays valid and is renewed (lease 1 s: renewed every third of a second)."""
-    engine = engines(redis_server.url)
-    lock = ylock.Lock(engine, group, "n", lease=1.0)
-    lock.lock()
-    h_record = workers.write_inside(lock, "parent", journal.checkers, writes=1, release=False)
-    parent, child = fork.Pipe()
-    with collect(events.RENEWED) as renewals:
-        proc = fork.Process(target=workers.forked_child, args=(lock, journal.checkers, child))
-        proc.start()
-        try:
-            assert parent.poll(20)
-            _, held, token, lost, child_owner = parent.recv()
-            assert (held, token, lost) == (False, None, False) and child_owner != h_record.owner
-            wait_until(lambda: owners(engine, group, "n") == ((h_record.owner,), (f"write:{child_owner}",)),
-                       what="the child queued behind the parent")
-            queued = time.time()
-            wait_until(lambda: sum(e.name == "n" and e.group == group and e.timestamp > queued for e in renewals) >= 3,
-                       timeout=5, what="three renewals of the parent's hold while the child waits")
-            assert lock.held() and not lock.lost
-            workers.write_once(h_record, journal.checkers)
-            h_record.ended = time.monotonic()
-            journal.add(workers.finish(lock, h_record))
-            assert h_record.outcome == "released", h_record
-            assert parent.poll(20), "the child never got the lock"
-            message = parent.recv()
-            assert message[0] == "record", message
-            _, c_record, asked = message
-            journal.add(c_record)
-        finally:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-    assert asked < h_record.ended < c_record.granted          # it asked, then waited for the parent
-    journal.check()

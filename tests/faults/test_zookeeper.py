@@ -1,6 +1,6 @@
 """Faults against the ZooKeeper engine on a real server of this module's own: restarts, a
-frozen server, a black-holed network, no server at all, a holder process stopped or killed,
-fork. Every test writes through the fenced register and the unfenced counter inside the lock
+frozen server, a black-holed network, no server at all, a holder process stopped or killed
+(fork: test_fork.py). Every test writes through the fenced register and the unfenced counter inside the lock
 and checks exclusion with the journal of holds; every call's time is bounded from both sides.
 The force-release with a queued waiter is in test_force_release.py, with Redis's; sessions
 that expire, a leader killed and a quorum lost in test_zookeeper_ensemble.py."""
@@ -23,7 +23,7 @@ from ylock.testing import free_port
 
 pytestmark = pytest.mark.slow
 spawn = multiprocessing.get_context("spawn")
-fork = multiprocessing.get_context("fork")
+
 
 
 @pytest.mark.parametrize(("down", "session"), [(1.0, 10), (4.0, 3)], ids=["1s-down", "4s-down-3s-session"])
@@ -326,39 +326,3 @@ def test_holder_process_killed_or_stopped_past_its_session(zookeeper, engines, j
     assert w_record.token > holder.record.token
     verdict = journal.check()
     figures(f"ZooKeeper holder {how} (session 2 s): waiter in {taken:.3f} s; {verdict}")
-
-
-@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
-def test_fork_while_holding(zookeeper, engines, journal, group):
-    """A child forked while the parent holds does not inherit the hold: held() is False in
-    the child, and its lock() waits (on a session of its own) until the parent releases;
-    the parent's hold stays valid meanwhile."""
-    engine = engines(zookeeper.url(f"/{group}"))
-    lock = ylock.Lock(engine, group, "n")
-    lock.lock()
-    h_record = workers.write_inside(lock, "parent", journal.checkers, writes=1, release=False)
-    parent, child = fork.Pipe()
-    proc = fork.Process(target=workers.forked_child, args=(lock, journal.checkers, child))
-    proc.start()
-    try:
-        assert parent.poll(20)
-        _, held, token, lost, child_owner = parent.recv()
-        assert (held, token, lost) == (False, None, False) and child_owner != h_record.owner
-        wait_until(lambda: owners(engine, group, "n") == ((h_record.owner,), (f"write:{child_owner}",)),
-                   what="the child queued behind the parent")
-        assert lock.held() and not lock.lost
-        workers.write_once(h_record, journal.checkers)
-        h_record.ended = time.monotonic()
-        journal.add(workers.finish(lock, h_record))
-        assert h_record.outcome == "released", h_record
-        assert parent.poll(20), "the child never got the lock"
-        message = parent.recv()
-        assert message[0] == "record", message
-        _, c_record, asked = message
-        journal.add(c_record)
-    finally:
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
-    assert asked < h_record.ended < c_record.granted          # it asked, then waited for the parent
-    journal.check()

@@ -14,8 +14,8 @@ import pytest
 from kazoo.client import KazooClient
 
 import ylock
+from tests.faults import workers as fault_workers
 from tests.helpers import LockLoad, expect_event, wait_until
-from tests.zookeeper import workers
 from ylock import events
 from ylock.testing.zookeeper import ZooKeeperEnsemble
 
@@ -26,9 +26,9 @@ spawn = multiprocessing.get_context("spawn")
 def test_killed_holder_frees_the_lock_within_the_session_timeout(zookeeper_server, group):
     url = zookeeper_server.url("/kill") + "?session_timeout=2"
     parent, child = spawn.Pipe()
-    proc = spawn.Process(target=workers.hold, args=(url, group, child))
+    proc = spawn.Process(target=fault_workers.hold, args=(url, group, child))
     proc.start()
-    kind, token = parent.recv()
+    kind, token, _ = parent.recv()
     os.kill(proc.pid, signal.SIGKILL)
     killed = time.monotonic()
     engine = ylock.engine_from_url(url)

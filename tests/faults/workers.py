@@ -153,3 +153,28 @@ def forked_child(lock: ylock.Lock, checkers: Checkers, conn: Any) -> None:
         return
     record = write_inside(lock, "forked child", checkers, writes=2)
     conn.send(("record", record, started))
+
+
+def hold(url: str, group: str, conn: Any, lease: float = 30.0, register: str | None = None) -> None:
+    """In a process of its own: take the write lock of ``group``/n, report ``("acquired",
+    token, pid)`` on ``conn``, then obey its orders: "write" (through the fenced register at
+    ``register``, with this hold's token: ``("written", ok)``), "status" (``("status",
+    lock.lost)``), "unlock" (``("unlocked", None)``, or ``("lost", message)`` if the hold was
+    lost). The test may kill or stop it at any time."""
+    engine = ylock.engine_from_url(url)
+    lock = ylock.Lock(engine, group, "n", lease=lease)
+    lock.lock(timeout=10)
+    conn.send(("acquired", lock.token, os.getpid()))
+    while True:
+        order = conn.recv()
+        if order == "write" and register is not None:
+            conn.send(("written", FencedRegister(register).write(lock.token, f"child {lock.token}")))  # type: ignore[arg-type]
+        elif order == "status":
+            conn.send(("status", lock.lost))
+        elif order == "unlock":
+            try:
+                lock.unlock()
+                conn.send(("unlocked", None))
+            except ylock.LockLost as exc:
+                conn.send(("lost", str(exc)))
+            return

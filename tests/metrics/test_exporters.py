@@ -117,7 +117,7 @@ def test_unbounded_label_settings_are_named() -> None:
     assert ylock.metrics.unbounded({**prom, "TAG_NAMES": ["orders"]}, keyed) == []
     assert ylock.metrics.unbounded({"TAG_NAMES": True}, keyed) == []              # no exporter: no labels
     [every] = ylock.metrics.unbounded({**prom, "TAG_NAMES": True}, keyed, setting="YLOCK['METRICS']")
-    assert every.code == "W005" and every.problem.startswith("YLOCK['METRICS']['TAG_NAMES'] is True")
+    assert every.code == "W007" and every.problem.startswith("YLOCK['METRICS']['TAG_NAMES'] is True")
     assert "'users' by USER_LOCK" in every.problem and "'accounts' by @locked" in every.problem
     listed = ylock.metrics.unbounded({**prom, "TAG_NAMES": ["orders", "users", "accounts"],
                                       "UNTAGGED_GROUPS": ["accounts"]}, keyed, setting="YLOCK_METRICS")

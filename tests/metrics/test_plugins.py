@@ -78,14 +78,14 @@ def test_a_flask_app_exports_its_views_locks(redis_server: RedisServer, victoria
 
 
 def test_django_check_warns_about_labels_that_grow_without_bound(settings) -> None:
-    """``manage.py check``: W005 for TAG_NAMES True, and for a listed group that USER_LOCK or a
+    """``manage.py check``: W007 for TAG_NAMES True, and for a listed group that USER_LOCK or a
     keyed ``@locked`` view takes one key at a time; nothing for the default or a fixed group."""
     from django.core import checks
 
     def warnings_for(metrics: dict[str, Any]) -> list[checks.CheckMessage]:
         settings.YLOCK = {"ENGINES": {"default": {"URL": "local://"}}, "METRICS": metrics,
                           "USER_LOCK": {"LOCK": "users", "PATHS": ["/api/"]}}
-        return [m for m in checks.run_checks(tags=["ylock"]) if m.id == "django_ylock.W005"]
+        return [m for m in checks.run_checks(tags=["ylock"]) if m.id == "django_ylock.W007"]
 
     assert warnings_for({"PROMETHEUS": True}) == []
     assert warnings_for({"PROMETHEUS": True, "TAG_NAMES": ["regions-w005"]}) == []   # a group of few names

@@ -1,11 +1,10 @@
 """Code run in spawned child processes (each a fresh interpreter) by the fault tests."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import ylock
-from ylock.testing.fencing import FencedRegister, UnfencedCounter
+from ylock.testing.fencing import UnfencedCounter
 
 
 def counter(url: str, group: str, path: str, iterations: int, use_lock: bool, start: Any) -> list[int]:
@@ -29,28 +28,6 @@ def counter(url: str, group: str, path: str, iterations: int, use_lock: bool, st
     engine.close()
     return tokens
 
-
-def hold(url: str, group: str, lease: float, register: str, conn: Any) -> None:
-    """Take the write lock and report; then obey: "write" through the fenced register with
-    this hold's token, "status" (lock.lost), "unlock" (LockLost if it was lost)."""
-    engine = ylock.engine_from_url(url)
-    lock = ylock.Lock(engine, group, "n", lease=lease)
-    fenced = FencedRegister(register)
-    lock.lock(timeout=10)
-    conn.send(("acquired", lock.token, os.getpid()))
-    while True:
-        order = conn.recv()
-        if order == "write":
-            conn.send(("written", fenced.write(lock.token, f"child {lock.token}")))  # type: ignore[arg-type]
-        elif order == "status":
-            conn.send(("status", lock.lost))
-        elif order == "unlock":
-            try:
-                lock.unlock()
-                conn.send(("unlocked", None))
-            except ylock.LockLost as exc:
-                conn.send(("lost", str(exc)))
-            return
 
 
 def wait_forever(url: str, group: str, conn: Any) -> None:

@@ -11,7 +11,8 @@ import pytest
 import redis
 import redis.asyncio
 
-from ylock.engines.redis.direct import AsyncDirectCalls, _aread
+from ylock.engines.redis.asockets import aread
+from ylock.engines.redis.calls import AsyncDirectCalls
 from ylock.testing.redis import RedisServer
 
 
@@ -25,13 +26,13 @@ def test_a_timeout_leaves_no_stale_reply_and_is_not_retried():
             for timeout, bound in ((0.15, 0.15), (None, 0.3)):     # the call's own, else the socket's
                 started = time.monotonic()
                 with pytest.raises(redis.exceptions.TimeoutError):
-                    await call("ECHO", f"late-{timeout}", timeout=timeout)
+                    await call("ECHO", f"late-{timeout}", end=None if timeout is None else time.monotonic() + timeout)
                 elapsed = time.monotonic() - started
                 assert bound - 0.02 <= elapsed < bound * 2, (timeout, elapsed)   # no second try
         finally:
             server.resume()
         # The server answers the late ECHOs now; the next calls must read their own replies.
-        assert await call("ECHO", "second", timeout=1.0) == b"second"
+        assert await call("ECHO", "second", end=time.monotonic() + 1.0) == b"second"
         assert await call("ECHO", "third") == b"third"
         await pool.disconnect()
 
@@ -53,7 +54,7 @@ def test_read_deadlines_hold_with_one_timer_for_many_reads():
         try:
             started = time.monotonic()
             with pytest.raises(redis.exceptions.TimeoutError):
-                await call("ECHO", "short", timeout=0.1)      # earlier than the armed timer
+                await call("ECHO", "short", end=time.monotonic() + 0.1)      # earlier than the armed timer
             assert 0.08 <= time.monotonic() - started < 0.4
         finally:
             server.resume()
@@ -74,7 +75,7 @@ def test_read_deadlines_hold_with_one_timer_for_many_reads():
                 await task
         finally:
             server.resume()
-        assert await call("ECHO", "reconnected", timeout=5.0) == b"reconnected"
+        assert await call("ECHO", "reconnected", end=time.monotonic() + 5.0) == b"reconnected"
         server.pause()
         try:
             started = time.monotonic()
@@ -83,7 +84,7 @@ def test_read_deadlines_hold_with_one_timer_for_many_reads():
             assert 0.48 <= time.monotonic() - started < 1.2
         finally:
             server.resume()
-        assert await call("ECHO", "after", timeout=5.0) == b"after"     # its own reply
+        assert await call("ECHO", "after", end=time.monotonic() + 5.0) == b"after"     # its own reply
         await pool.disconnect()
 
     with RedisServer() as server:
@@ -103,7 +104,7 @@ def test_a_write_the_frozen_server_does_not_take_times_out_within_the_call():
             value = b"x" * (16 << 20)
             started = time.monotonic()
             with pytest.raises(redis.exceptions.TimeoutError):
-                await call("SET", "ylock-async-direct-big", value, timeout=0.2)
+                await call("SET", "ylock-async-direct-big", value, end=time.monotonic() + 0.2)
             elapsed = time.monotonic() - started
             # within its timeout plus one socket timeout, plus the copies and the loop's turns
             # on a loaded machine; a write that waited for the server would wait for the
@@ -111,7 +112,7 @@ def test_a_write_the_frozen_server_does_not_take_times_out_within_the_call():
             assert elapsed < 0.2 + 0.3 + 1.0, elapsed
         finally:
             server.resume()
-        assert await call("ECHO", "after", timeout=5.0) == b"after"
+        assert await call("ECHO", "after", end=time.monotonic() + 5.0) == b"after"
         await pool.disconnect()
 
     with RedisServer() as server:
@@ -127,7 +128,7 @@ def test_a_connection_the_server_dropped_is_replaced_once(redis_server):
         killed = [c for c in admin.client_list() if c.get("name") == "ylock-async-direct-drop"]
         assert len(killed) == 1
         admin.client_kill_filter(_id=killed[0]["id"])
-        assert await call("ECHO", "after", timeout=2.0) == b"after"   # found dead, replaced, sent again
+        assert await call("ECHO", "after", end=time.monotonic() + 2.0) == b"after"   # found dead, replaced, sent again
         assert [c["name"] for c in admin.client_list()].count("ylock-async-direct-drop") == 1
         assert call.made == 1
         await pool.disconnect()
@@ -142,10 +143,10 @@ def test_an_error_reply_keeps_the_connection(redis_server):
         assert await call("SET", "ylock-async-direct-k", "v") == b"OK"
         conn = call.idle[0]
         with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
-            await call("LPUSH", "ylock-async-direct-k", "x", timeout=1.0)
+            await call("LPUSH", "ylock-async-direct-k", "x", end=time.monotonic() + 1.0)
         assert call.idle == [conn] and conn.is_connected
-        assert await call("GET", "ylock-async-direct-k", timeout=1.0) == b"v"   # its own reply
-        assert await call.many(("ECHO", "a"), ("ECHO", "b"), timeout=1.0) == [b"a", b"b"]
+        assert await call("GET", "ylock-async-direct-k", end=time.monotonic() + 1.0) == b"v"   # its own reply
+        assert await call.many(("ECHO", "a"), ("ECHO", "b"), end=time.monotonic() + 1.0) == [b"a", b"b"]
         await pool.disconnect()
 
     asyncio.run(main())
@@ -157,60 +158,60 @@ def test_an_error_reply_keeps_the_connection(redis_server):
     ("BLPOP", "k1", "k2", "wake", 5.0),
 ])
 def test_the_lock_paths_packer_packs_as_redis_py(args):
-    from ylock.engines.redis.direct import _pack, _packer
+    from ylock.engines.redis.resp import pack, packer
 
     conn = redis.Connection()
-    assert _packer(conn) is _pack                          # redis-py's Python serializer, UTF-8
-    assert b"".join(_pack(*args)) == b"".join(conn.pack_command(*args))
-    assert b"".join(_pack(*args)) == b"".join(redis.asyncio.Connection().pack_command(*args))
+    assert packer(conn) is pack                          # redis-py's Python serializer, UTF-8
+    assert b"".join(pack(*args)) == b"".join(conn.pack_command(*args))
+    assert b"".join(pack(*args)) == b"".join(redis.asyncio.Connection().pack_command(*args))
 
 
 def test_the_lock_paths_packer_refuses_what_redis_py_refuses_and_defers_to_other_encodings():
-    from ylock.engines.redis.direct import _pack, _packer
+    from ylock.engines.redis.resp import pack, packer
 
     for bad in (True, None, object()):
         with pytest.raises(redis.exceptions.DataError):
-            _pack("SET", "k", bad)
+            pack("SET", "k", bad)
     latin = redis.Connection(encoding="latin-1")
-    assert _packer(latin) == latin.pack_command            # not UTF-8: the connection's own
-    assert _packer(redis.asyncio.Connection(encoding_errors="replace")) != _pack
+    assert packer(latin) == latin.pack_command            # not UTF-8: the connection's own
+    assert packer(redis.asyncio.Connection(encoding_errors="replace")) != pack
 
 
-def test_with_hiredis_the_lock_path_keeps_its_own_packer():
+def test_with_hiredis_the_lock_path_keeps_its_ownpacker():
     """With hiredis installed redis-py packs through hiredis, which encodes every str as UTF-8:
-    the bytes :func:`_pack` makes, so the lock path keeps it and its remembered script calls
+    the bytes :func:`pack` makes, so the lock path keeps it and its remembered script calls
     (a latin-1 connection still gets the connection's own packer). The suite runs without
     hiredis: a connection is given hiredis's serializer as redis-py would give it."""
-    from ylock.engines.redis.direct import _pack, _packer
+    from ylock.engines.redis.resp import pack, packer
 
     conn = redis.Connection()
     conn._command_packer = redis.connection.HiredisRespSerializer()
-    assert _packer(conn) is _pack
+    assert packer(conn) is pack
     latin = redis.Connection(encoding="latin-1")
     latin._command_packer = redis.connection.HiredisRespSerializer()
-    assert _packer(latin) == latin.pack_command
+    assert packer(latin) == latin.pack_command
 
 
 def test_script_calls_are_packed_once_and_the_memory_of_them_is_bounded(monkeypatch):
-    from ylock.engines.redis import direct
+    from ylock.engines.redis import resp
 
-    monkeypatch.setattr(direct, "_PACKED", {})
-    monkeypatch.setattr(direct, "PACKED", 3)
+    monkeypatch.setattr(resp, "PACKED_CALLS", {})
+    monkeypatch.setattr(resp, "PACKED", 3)
     conn = redis.Connection()
     call = ("EVALSHA", "a" * 40, 1, "ylock:{g:n}:x", "host:1:ab:42", "write", "110", 30000, 1500, "")
-    first = direct._pack(*call)
-    assert direct._pack(*call) is first                     # remembered, not packed again
+    first = resp.pack(*call)
+    assert resp.pack(*call) is first                     # remembered, not packed again
     assert b"".join(first) == b"".join(conn.pack_command(*call))
     # A float, a buffer, or a command other than a script call is packed every time.
     for args in (call[:7] + (2.5,) + call[8:], ("EVALSHA", "a" * 40, 0, bytearray(b"x")), ("BLPOP", "k", 1)):
-        assert direct._pack(*args) is not direct._pack(*args)
-        assert b"".join(direct._pack(*args)) == b"".join(conn.pack_command(*args))
-    assert list(direct._PACKED) == [call]
-    long = call[:9] + ("x" * direct.PACKED_SIZE,)             # a long context: packed, not kept
-    assert direct._pack(*long) is not direct._pack(*long) and list(direct._PACKED) == [call]
+        assert resp.pack(*args) is not resp.pack(*args)
+        assert b"".join(resp.pack(*args)) == b"".join(conn.pack_command(*args))
+    assert list(resp.PACKED_CALLS) == [call]
+    long = call[:9] + ("x" * resp.PACKED_SIZE,)             # a long context: packed, not kept
+    assert resp.pack(*long) is not resp.pack(*long) and list(resp.PACKED_CALLS) == [call]
     for lease in range(10):                                 # many locks: it starts again, never grows past 3
-        direct._pack(*call[:7], lease, *call[8:])
-        assert 1 <= len(direct._PACKED) <= 3
+        resp.pack(*call[:7], lease, *call[8:])
+        assert 1 <= len(resp.PACKED_CALLS) <= 3
 
 
 @pytest.mark.parametrize("protocol", [2, 3])
@@ -265,7 +266,7 @@ def test_integer_replies_read_whole_split_or_several_to_a_read(redis_server):
         try:
             for chunks, expected in INTEGER_READS:
                 stream = conn._reader = asyncio.StreamReader()
-                reading = asyncio.ensure_future(asyncio.gather(*[_aread(conn, None) for _ in expected]))
+                reading = asyncio.ensure_future(asyncio.gather(*[aread(conn, None) for _ in expected]))
                 for i, chunk in enumerate(chunks):
                     deadline = time.monotonic() + 10
                     while i and conn.__dict__.get("ylock_in", [None, b""])[1] != chunks[0]:

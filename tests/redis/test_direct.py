@@ -1,4 +1,4 @@
-"""The lock path's direct connections (ylock.engines.redis.direct): a dropped socket is
+"""The lock path's direct connections (ylock.engines.redis.calls): a dropped socket is
 replaced once, an error reply keeps the connection, a timeout never leaves a stale reply
 behind, and threads that come and go do not grow the number of connections."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ import redis
 
 import ylock
 from tests.helpers import wait_until
-from ylock.engines.redis import direct
-from ylock.engines.redis.direct import DirectCalls
+from ylock.engines.redis import sockets
+from ylock.engines.redis.calls import DirectCalls
 from ylock.testing.redis import RedisServer
 
 
@@ -131,7 +131,7 @@ def test_a_server_no_longer_master_drops_every_parked_connection():
         other.stop()
 
 
-# -- the lock path's own reply reader (direct._Replies) -------------------------------------------
+# -- the lock path's own reply reader (sockets.Replies) -------------------------------------------
 
 #: Replies of every RESP2 kind, nested, empty and nil, an error inside an array, and one far
 #: larger than a socket read (so that it is parsed from many reads).
@@ -167,7 +167,7 @@ def test_the_lock_path_reads_every_reply_as_redis_py_does(redis_server, shape, p
         theirs = conn.read_response()
     finally:
         pool.release(conn)
-    assert conn.protocol in (protocol, str(protocol)) and call.idle[0].ylock_read.__class__.__name__ == "_Replies"
+    assert conn.protocol in (protocol, str(protocol)) and call.idle[0].ylock_read.__class__.__name__ == "Replies"
     if shape == "set":
         mine, theirs = sorted(mine), sorted(theirs)
     if shape == "nested":      # exceptions compare by identity: compare their class and text
@@ -289,7 +289,7 @@ def test_a_command_larger_than_the_socket_buffer_goes_whole(redis_server):
     reader.start()
     try:
         ours.settimeout(10)
-        direct._write(conn, [data])
+        sockets.write(conn, [data])
         reader.join(10)
         assert bytes(got) == data
     finally:
@@ -319,7 +319,7 @@ def test_a_write_into_a_full_socket_buffer_times_out_and_drops_the_connection(re
         ours.settimeout(0.2)
         started = time.monotonic()
         with pytest.raises(redis.exceptions.TimeoutError, match="writing"):
-            direct._write(conn, [b"*1\r\n$4\r\nPING\r\n"])
+            sockets.write(conn, [b"*1\r\n$4\r\nPING\r\n"])
         assert 0.2 <= time.monotonic() - started < 2.0
         assert conn._sock is None                        # dropped
     finally:

@@ -17,7 +17,7 @@ import pytest
 
 import ylock
 from ylock import owner
-from ylock.lock import release_all
+from ylock.exiting import release_all
 from ylock.owner import current_owner
 
 pytestmark = pytest.mark.timeout(60)

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 import ylock
+from tests.faults import workers as fault_workers
 from tests.helpers import wait_until, waiters
 from tests.redis import workers
 
@@ -44,7 +45,7 @@ def test_control_without_the_lock_loses_updates(redis_server, group):
 
 def test_killed_holder_frees_the_lock_within_its_lease(redis_server, group):
     parent, child = spawn.Pipe()
-    proc = spawn.Process(target=workers.hold, args=(redis_server.url, group, 1.0, child))
+    proc = spawn.Process(target=fault_workers.hold, args=(redis_server.url, group, child, 1.0))
     proc.start()
     assert parent.recv()[0] == "acquired"
     os.kill(proc.pid, signal.SIGKILL)
@@ -92,9 +93,9 @@ def test_killed_head_waiter_is_evicted_within_the_waiter_lease(redis_server, gro
 
 def test_paused_holder_loses_the_lock_and_is_fenced(redis_server, group):
     parent, child = spawn.Pipe()
-    proc = spawn.Process(target=workers.hold, args=(redis_server.url, group, 1.0, child))
+    proc = spawn.Process(target=fault_workers.hold, args=(redis_server.url, group, child, 1.0))
     proc.start()
-    kind, stale_token = parent.recv()
+    kind, stale_token, _ = parent.recv()
     assert kind == "acquired"
     os.kill(proc.pid, signal.SIGSTOP)
     try:

@@ -22,7 +22,7 @@ import redis
 import ylock
 from tests.helpers import wait_until
 from ylock.engines.redis import ACL_COMMANDS, acl_rules
-from ylock.engines.redis.direct import refused
+from ylock.engines.redis.hubs import refused
 from ylock.engines.redis.scripts import SOURCES
 from ylock.testing.redis import RedisSentinel, RedisServer
 

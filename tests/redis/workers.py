@@ -36,24 +36,6 @@ def counter(url: str, group: str, iterations: int, use_lock: bool, fair: bool = 
     return {"pid": os.getpid(), "tokens": tokens}
 
 
-def hold(url: str, group: str, lease: float, conn: Any, then: str = "wait") -> None:
-    """Take the write lock, report the token, then wait for orders on ``conn``."""
-    engine = ylock.engine_from_url(url)
-    lock = ylock.Lock(engine, group, "n", lease=lease)
-    lock.lock(timeout=10)
-    conn.send(("acquired", lock.token))
-    while True:
-        order = conn.recv()
-        if order == "status":
-            conn.send(("status", lock.lost))
-        elif order == "unlock":
-            try:
-                lock.unlock()
-                conn.send(("unlocked", None))
-            except ylock.LockLost as exc:
-                conn.send(("lost", str(exc)))
-            return
-
 
 def wait_in_queue(url: str, group: str, conn: Any) -> None:
     """Queue for the write lock (it is held elsewhere) and never get it: we get killed."""

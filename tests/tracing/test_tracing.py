@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+import redis
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -292,6 +293,52 @@ def test_no_tracing_no_spans_and_no_extra_round_trip(redis_engine, group) -> Non
     assert runner.outcome() is False
     holder.unlock()
     assert calls == []
+
+
+def _contended_commands(engine: ylock.Engine, admin: redis.Redis, group: str, name: str) -> dict[str, int]:
+    """The server's commands (by name; those run inside scripts counted too) for one round: a
+    holder's uncontended pair, and a waiter that queues behind it and is handed the lock. The
+    test's own probes (LLEN of the queue, INFO) are left out."""
+    holder, waiter = ylock.Lock(engine, group, name), ylock.Lock(engine, group, name)
+    holder.lock()
+    before = admin.info("commandstats")
+    runner = Runner(lambda: waiter.lock(timeout=10) or waiter.unlock())
+    runner.start()
+    probes: list[int] = []                                   # one LLEN per look
+    wait_until(lambda: probes.append(1) or admin.llen(f"ylock:{{{group}:{name}}}:q"), what="the waiter queued")
+    holder.unlock()
+    runner.outcome()
+    after = admin.info("commandstats")
+    out = {k[len("cmdstat_"):]: v["calls"] - before.get(k, {"calls": 0})["calls"] for k, v in after.items()
+           if not k.startswith(("cmdstat_info", "cmdstat_config"))}
+    out["llen"] -= len(probes)
+    return {k: v for k, v in out.items() if v}
+
+
+def test_a_traced_wait_costs_no_request_of_its_own(redis_server, redis_engine, group) -> None:
+    """With tracing on, a contended acquisition sends the requests an untraced one sends: the
+    engine says when it queues, and the try that queued it brought the holder's note (its
+    hold span's traceparent), so no second try and no read of the holders. The wait still
+    links to the holder's hold span; the script reads the note on the server (a few commands
+    inside the one script call)."""
+    admin = redis.Redis.from_url(redis_server.url)
+    _contended_commands(redis_engine, admin, group, "warm")      # the scripts loaded, the connections made
+    off = _contended_commands(redis_engine, admin, group, "off")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    ylock.tracing.enable(provider)
+    try:
+        on = _contended_commands(redis_engine, admin, group, "on")
+    finally:
+        ylock.tracing.disable()
+    requests = ("evalsha", "blpop", "lpush")               # what the client sends itself
+    assert {k: on.get(k, 0) for k in requests} == {k: off.get(k, 0) for k in requests}, (off, on)
+    assert sum(on.values()) - sum(off.values()) <= 3, (off, on)   # ZRANGEBYSCORE and GET of the note
+    hold = next(s for s in exporter.get_finished_spans() if s.name == f"ylock hold {group}/on"
+                and not s.links)
+    wait = [s for s in exporter.get_finished_spans() if s.name == f"ylock wait {group}/on" and s.links]
+    assert len(wait) == 1 and wait[0].links[0].context.span_id == hold.context.span_id
 
 
 GLOBAL_PROVIDER = textwrap.dedent("""

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import ylock
 
@@ -19,10 +18,3 @@ def counter(url: str, group: str, path: str, iterations: int) -> list[int]:
             Path(path).write_text(str(value + 1))
             tokens.append(lock.token)
     return tokens  # type: ignore[return-value]
-
-
-def hold(url: str, group: str, conn: Any) -> None:
-    lock = ylock.Lock(ylock.engine_from_url(url), group, "n")
-    lock.lock(timeout=10)
-    conn.send(("acquired", lock.token))
-    conn.recv()                       # never comes: we get killed

@@ -113,6 +113,10 @@ class AcquireRequest(NamedTuple):
     polling: Polling
     permits: int = 0            # mode "permit": the semaphore's number of permits
     context: str = ""           # what the owner is doing, JSON (ylock.context): stored with the hold
+    #: Called once, if given, when the acquisition first has to wait (queued, or polling),
+    #: with the holders' descriptions (as :attr:`LockInfo.context`) when the engine has them
+    #: at hand, else None: the facade tells its watchers, without a request of theirs.
+    queued: Callable[[Mapping[str, Mapping[str, Any]] | None], None] | None = None
 
 
 class Engine(abc.ABC):

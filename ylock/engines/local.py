@@ -195,6 +195,7 @@ class LocalEngine(Engine):
         waiter: _Waiter | None = None
         state: _State | None = None
         kind = _kind(r.mode)
+        queued = r.queued                # told once, at the first wait
         try:
             while True:
                 with self._mutex:
@@ -222,8 +223,11 @@ class LocalEngine(Engine):
                     elif waiter not in state.queue:   # a force-release dropped the queue
                         state.queue.append(waiter)
                     wake = [t for t in (r.deadline, state.next_expiry()) if t is not None]
-                    timeout = max(0.0, min(wake) - now) if wake else None
-                yield ("wait", waiter.mailbox, timeout)
+                    until = min(wake) if wake else None
+                if queued is not None:
+                    queued(None)                      # outside the mutex: a watcher may describe()
+                    queued = None
+                yield ("wait", waiter.mailbox, until)
         finally:
             if waiter is not None and state is not None:
                 with self._mutex:
@@ -233,11 +237,13 @@ class LocalEngine(Engine):
 
     @staticmethod
     def _do(op: tuple[Any, ...]) -> Any:
-        return op[1].wait(op[2])
+        until = op[2]
+        return op[1].wait(None if until is None else max(0.0, until - time.monotonic()))
 
     @staticmethod
     async def _ado(op: tuple[Any, ...]) -> Any:
-        return await op[1].await_(op[2])
+        until = op[2]
+        return await op[1].await_(None if until is None else max(0.0, until - time.monotonic()))
 
     def _grant(self, state: _State, r: AcquireRequest, now: float) -> int:
         if r.owner not in state.notes:

@@ -45,11 +45,20 @@ from ylock.errors import ConfigurationError
 from ylock.metrics.aggregator import Aggregator
 from ylock.metrics.background import Shipper, live_shippers
 from ylock.metrics.shared import Publisher
-from ylock.metrics.tags import ANY_NAME, MAX_NAMES, W_UNBOUNDED, Tagging, UnboundedLabelsWarning, unbounded_labels
+from ylock.metrics.tags import (
+    ANY_NAME,
+    MAX_NAMES,
+    W_UNBOUNDED,
+    Tagging,
+    UnboundedLabelsWarning,
+    keyed_groups,
+    unbounded_labels,
+)
 from ylock.names import check_group
 from ylock.owner import after_fork as _after_fork
 
-__all__ = ["configure", "validate", "stats", "shutdown", "unbounded", "unbounded_labels", "Metrics", "Aggregator",
+__all__ = ["configure", "validate", "stats", "shutdown", "unbounded", "unbounded_labels", "keyed_groups", "Metrics",
+           "Aggregator",
            "Tagging", "Shipper", "AGGREGATOR", "PUBLISHER", "Publisher", "ANY_NAME", "KEYS", "W_UNBOUNDED",
            "UnboundedLabelsWarning"]
 

@@ -16,12 +16,13 @@ An opted-in group still gets at most ``MAX_NAMES`` names per process (default 10
 further names read ``*`` (a warning on the ``ylock.metrics`` logger says so, once per
 group), so a mistaken opt-in costs a bounded number of series, not the metrics server.
 :func:`unbounded_labels` tells the plugins which settings would label by an unbounded key
-(Django's check ``django_ylock.W005``, a warning at Flask's ``init_app``).
+(Django's check ``django_ylock.W007``, a warning at Flask's ``init_app``).
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ylock.errors import ConfigurationError
 from ylock.events import Event
@@ -34,8 +35,8 @@ ANY_NAME = "*"
 NO_MODE = "none"
 #: At most this many names of one opted-in group are tagged per process (``MAX_NAMES``).
 MAX_NAMES = 100
-#: The code of an unbounded-label warning (Django: ``django_ylock.W005``).
-W_UNBOUNDED = "W005"
+#: The code of an unbounded-label warning (Django: ``django_ylock.W007``).
+W_UNBOUNDED = "W007"
 
 LABELS = ("group", "name", "engine", "mode", "outcome")
 
@@ -94,6 +95,25 @@ class Tagging:
     def __repr__(self) -> str:
         names = self.names if self.names or not self.groups else sorted(self.groups)
         return f"Tagging(names={names}, untagged_groups={sorted(self.untagged_groups)}, max_names={self.max_names})"
+
+
+def keyed_groups(registry: Any, settings: Any) -> dict[str, str]:
+    """The lock groups a web app takes one key at a time (group -> how): those of the families
+    :data:`ylock.web.KEYED` records (``@locked``/``@limited`` with a key), and the per-user
+    lock's (``settings``: the app's :class:`ylock.web.WebSettings`; ``registry``: its
+    :class:`ylock.registry.Registry`, which knows each family's group)."""
+    from ylock import web
+
+    families = dict(web.KEYED)
+    if settings.user_lock is not None:
+        families.setdefault(settings.user_lock.lock, "USER_LOCK (one lock per user)")
+    groups: dict[str, str] = {}
+    for name, how in families.items():
+        try:
+            groups.setdefault(registry.lock_options(name).group, how)
+        except ConfigurationError:
+            continue            # the settings' own checks name it
+    return groups
 
 
 def unbounded_labels(tag_names: bool | Iterable[str], untagged_groups: Iterable[str] = (), *,

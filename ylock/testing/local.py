@@ -38,8 +38,9 @@ from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, WRITE, AcquireRequ
 from ylock.engines.local import LocalEngine
 from ylock.errors import EngineUnavailable
 from ylock.holds import HOLDS
-from ylock.lock import Lock, Semaphore
+from ylock.lock import Lock
 from ylock.owner import new_owner, owner_scope
+from ylock.semaphore import Semaphore
 
 #: Every live test engine by name, for :func:`shared` (the dotted path the settings name).
 _named: weakref.WeakValueDictionary[str, LocalTestEngine] = weakref.WeakValueDictionary()

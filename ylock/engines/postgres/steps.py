@@ -138,12 +138,24 @@ class HoldSteps:
             yield Query(conn, [Stmt("register", [key, r.group, r.name])], self._end(time.monotonic()))
             self.registered[key] = None
         args: list[Any] = [key, r.group, r.name, r.owner, self._lease_ms(r)]
-        if r.deadline is not None and time.monotonic() >= r.deadline:
-            stmts = [Stmt("try_s" if shared else "try_x", args, r.context)]
+        try_now = r.deadline is not None and time.monotonic() >= r.deadline
+        if r.queued is not None and not try_now:
+            # Watched: the server waits on its own, so only a try tells whether the acquisition
+            # will wait; the watchers hear of it before the wait starts.
+            attempt = yield from self._lock_once(conn, r, hold, key, Stmt("try_s" if shared else "try_x", args,
+                                                                          r.context))
+            if attempt.token is not None:
+                return attempt
+            r.queued(None)
+        if try_now:
+            stmt = Stmt("try_s" if shared else "try_x", args, r.context)
         else:
-            stmts = [Stmt("wait_s" if shared else "wait_x", [*args, self._wait_ms(r.deadline)], r.context)]
-        if self.xact:
-            stmts = [*self._begin(), *stmts]
+            stmt = Stmt("wait_s" if shared else "wait_x", [*args, self._wait_ms(r.deadline)], r.context)
+        return (yield from self._lock_once(conn, r, hold, key, stmt))
+
+    def _lock_once(self, conn: Conn, r: AcquireRequest, hold: Hold, key: int, stmt: Stmt) -> Steps:
+        """Run one try or wait for the lock ``key`` on ``conn``: its :class:`Attempt`."""
+        stmts = [*self._begin(), stmt] if self.xact else [stmt]
         try:
             results = yield Query(conn, stmts, self._end(r.deadline))
         except LockTimeout:
@@ -235,6 +247,8 @@ class HoldSteps:
         queued, token, pid = results[-1][0]
         if int(queued or 0) and token is None and r.deadline is not None and time.monotonic() >= r.deadline:
             return Attempt(None, True)             # full, and no time to wait: give the queue back
+        if token is None and r.queued is not None:
+            r.queued(None)                         # the try found no permit: the watchers hear of the wait
         if not int(queued or 0) and token is None:
             if r.deadline is not None and time.monotonic() >= r.deadline:
                 if self.xact:

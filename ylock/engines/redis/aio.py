@@ -9,7 +9,9 @@ import socket
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from ylock.engines.redis.direct import AsyncDirectCalls, NotifyHub, async_cluster_call
+from ylock.engines.redis.calls import AsyncDirectCalls
+from ylock.engines.redis.cluster import async_cluster_call
+from ylock.engines.redis.hubs import NotifyHub
 from ylock.engines.redis.parts import EngineParts
 from ylock.owner import check_fork
 

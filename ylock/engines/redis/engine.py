@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import threading
 import time
@@ -64,29 +63,19 @@ from ylock.engines.base import (
     Engine,
     LockInfo,
     RenewItem,
-    abandon_first,
-    arun_steps,
-    cancelling,
     run_abandon_first,
     run_steps,
 )
-from ylock.engines.redis import inspection, scripts
-from ylock.engines.redis.aio import AsyncSide, open_side
+from ylock.engines.redis import inspection, renewal, scripts
+from ylock.engines.redis.aio import AsyncSide
+from ylock.engines.redis.averbs import AsyncVerbs
+from ylock.engines.redis.calls import DirectCalls
 from ylock.engines.redis.clients import Clients, split_url
-from ylock.engines.redis.direct import (
-    BLPOP_REFUSED,
-    AsyncDirectCalls,
-    DirectCalls,
-    Refusals,
-    ThreadNotifyHub,
-    acluster_script_wait,
-    cluster_call,
-    cluster_script_wait,
-    refused,
-)
+from ylock.engines.redis.cluster import cluster_call, cluster_script_wait
+from ylock.engines.redis.hubs import Refusals, ThreadNotifyHub
 from ylock.engines.redis.keys import Keys
-from ylock.engines.redis.scripts import ACQUIRE, FIRST_TRY, RELEASE, release_args
-from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps
+from ylock.engines.redis.scripts import ACQUIRE, FIRST_TRY, FIRST_TRY_HOLDERS, RELEASE, Released, release_args
+from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps, queued_too_late
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
 from ylock.owner import _new_process, _same_process, check_fork
 
@@ -97,7 +86,7 @@ logger = logging.getLogger(__name__)
 X_KEYS = 4096
 
 
-class RedisEngine(Engine):
+class RedisEngine(AsyncVerbs, Engine):
     """Redis engine (see module docstring)."""
 
     scheme = "redis"
@@ -267,7 +256,7 @@ class RedisEngine(Engine):
         mode = r.mode
         return (self._x_keys.get((r.group, r.name, mode)) or self._x(r.group, r.name, mode),
                 [r.owner, r.permits if r.mode == PERMIT else r.mode,
-                 FIRST_TRY[r.fair], int(r.lease * 1000),
+                 (FIRST_TRY if r.queued is None else FIRST_TRY_HOLDERS)[r.fair], int(r.lease * 1000),
                  int(r.polling.waiter_lease * 1000), r.context])
 
     def acquire(self, request: AcquireRequest) -> int | None:
@@ -277,12 +266,12 @@ class RedisEngine(Engine):
         if not self.wait_replicas and (r.deadline is None or time.monotonic() < r.deadline):
             # The first try, on its own: an uncontended write comes back as a bare token.
             try:
-                reply = self._run(ACQUIRE[r.mode], key, args, self.socket_timeout)
+                reply = self._run(ACQUIRE[r.mode], key, args, time.monotonic() + self.socket_timeout)
             except Exception as exc:
                 raise self._translate(exc, r.group, r.name) from exc
             if reply.__class__ is int:
                 return reply
-            if _queued_too_late(r, reply):
+            if queued_too_late(r, reply):
                 run_abandon_first(acquire_steps(self, r, key, args, None), self._do,
                                   lambda exc: self._translate(exc, r.group, r.name))
                 return None
@@ -294,148 +283,38 @@ class RedisEngine(Engine):
             if hub is not None:
                 hub.leave(Keys.notify(key, r.owner))
 
-    async def aacquire(self, request: AcquireRequest) -> int | None:
-        r = request
-        key, args = self._request(r)
-        loop = asyncio.get_running_loop()
-        side = self._async.get(loop) or await open_side(self)
-        reply = None
-        if not self.wait_replicas and (r.deadline is None or time.monotonic() < r.deadline):
-            # The first try awaited here, as :meth:`acquire` does it: an uncontended lock costs
-            # no steps and no executor. A cancellation meanwhile (also one a layer below
-            # swallowed, see arun_steps) gives back what the try may have got, as the steps do.
-            task = asyncio.current_task(loop)
-            cancels = cancelling(task)
-            script = self._scripts[ACQUIRE[r.mode]]
-            try:
-                try:        # _arun's call, in this coroutine (one coroutine less per acquisition)
-                    reply = await side.calls("EVALSHA", script.sha, 1, key, *args, timeout=self.socket_timeout)
-                except rex.NoScriptError:
-                    reply = await self._areload(side, ACQUIRE[r.mode], key, args, self.socket_timeout)
-            except asyncio.CancelledError:
-                await self._abandon_first(side, r, key, args)
-                raise
-            except Exception as exc:
-                raise self._translate(exc, r.group, r.name) from exc
-            if cancelling(task) > cancels:
-                await self._abandon_first(side, r, key, args)
-                raise asyncio.CancelledError
-            if reply.__class__ is int:
-                return reply
-            if _queued_too_late(r, reply):
-                await self._abandon_first(side, r, key, args)
-                return None
-        return await arun_steps(acquire_steps(self, r, key, args, reply),  # type: ignore[no-any-return]
-                                functools.partial(self._ado, side), lambda exc: self._translate(exc, r.group, r.name))
-
-    async def _abandon_first(self, side: AsyncSide, r: AcquireRequest, key: str, args: list[Any]) -> None:
-        """Leave the queue and give back a grant after a first try whose task was cancelled
-        (the steps' own clean-up: see :func:`abandon_first`)."""
-        await abandon_first(acquire_steps(self, r, key, args, None), functools.partial(self._ado, side),
-                            lambda exc: self._translate(exc, r.group, r.name))
-
-    async def arelease(self, group: str, name: str, owner: str, mode: str) -> bool:
-        side = self._async.get(asyncio.get_running_loop()) or await open_side(self)
-        key = self._x_keys.get((group, name, mode)) or self._x(group, name, mode)     # see _x_keys
-        args = release_args(owner, mode)
-        script = self._scripts[RELEASE[mode]]
-        try:
-            try:            # _arun's call, in this coroutine (see aacquire)
-                reply = await side.calls("EVALSHA", script.sha, 1, key, *args, timeout=self.socket_timeout)
-            except rex.NoScriptError:
-                reply = await self._areload(side, RELEASE[mode], key, args, self.socket_timeout)
-        except Exception as exc:
-            raise self._translate(exc, group, name) from exc
-        return self._released(group, name, reply)
-
-    async def _ado(self, side: AsyncSide, op: Acquire | Pop | Release | Sleep) -> Any:
-        """Do one operation of the steps, awaiting it (the asyncio world's executor)."""
-        if isinstance(op, Acquire):
-            if not self.wait_replicas:
-                return await self._arun(side, op.script, op.key, op.args, op.timeout), 0
-            if self.kind == "redis+cluster":
-                return await acluster_script_wait(side.client, self._scripts[op.script], op.key, op.args,
-                                                  self.wait_replicas, self.wait_timeout_ms)
-            pipe = side.client.pipeline(transaction=False)
-            pipe.evalsha(self._scripts[op.script].sha, 1, op.key, *op.args)
-            pipe.wait(self.wait_replicas, self.wait_timeout_ms)
-            reply, acked = await pipe.execute()
-            return reply, int(acked)
-        if isinstance(op, Pop):
-            if side.hub is not None:
-                return await side.hub.wait(op.key, op.wait)
-            if side.pops <= 0 or "BLPOP" in self._refusals.commands:
-                await asyncio.sleep(op.wait)       # polling: the next try reads the lock's keys
-                return None
-            # A Cluster: this task blocks on its own notify key (routed to its slot's owner),
-            # as a Cluster thread does, so a grant reaches it at once rather than at its next
-            # poll (up to 0.5 s later; 8 tasks taking turns did ~5 acquisitions a second).
-            side.pops -= 1
-            try:
-                return await side.calls("BLPOP", op.key, op.wait, timeout=op.timeout)
-            except rex.ResponseError as exc:
-                if not refused(exc):
-                    raise
-                self._refusals.note("BLPOP", exc, *BLPOP_REFUSED)
-                await asyncio.sleep(op.wait)
-                return None
-            finally:
-                side.pops += 1
-        if isinstance(op, Release):
-            return await self._arun(side, op.script, op.key, op.args, op.timeout)
-        await asyncio.sleep(op.seconds)
-        return None
-
-    async def _arun(self, side: AsyncSide, name: str, key: str, args: list[Any], timeout: float | None) -> Any:
-        script = self._scripts[name]
-        try:
-            return await side.calls("EVALSHA", script.sha, 1, key, *args, timeout=timeout)
-        except rex.NoScriptError:
-            return await self._areload(side, name, key, args, timeout)
-
-    async def _areload(self, side: AsyncSide, name: str, key: str, args: list[Any], timeout: float | None) -> Any:
-        """Load a script the server answered ``NOSCRIPT`` for (a restart, a failover, SCRIPT
-        FLUSH) and run it again."""
-        script = self._scripts[name]
-        if side.calls.__class__ is AsyncDirectCalls:     # see _run
-            sha = await side.calls("SCRIPT", "LOAD", script.script, timeout=timeout)
-            script.sha = sha.decode() if isinstance(sha, bytes) else sha
-        else:
-            script.sha = await side.client.script_load(script.script)
-        return await side.calls("EVALSHA", script.sha, 1, key, *args, timeout=timeout)
-
     def _do(self, op: Acquire | Pop | Release | Sleep) -> Any:
         """Do one operation of the steps, blocking (the sync world's executor)."""
         if isinstance(op, Acquire):
-            return self._acquire_call(op.script, op.key, op.args, op.timeout)
+            return self._acquire_call(op.script, op.key, op.args, op.end)
         if isinstance(op, Pop):
             hub = self._hub
             if hub is not None:
-                return hub.pop(op.key, op.wait, op.timeout)
-            return (self._call or self._caller())("BLPOP", op.key, op.wait, timeout=op.timeout)
+                return hub.pop(op.key, op.block, op.end)
+            return (self._call or self._caller())("BLPOP", op.key, op.block, end=op.end)
         if isinstance(op, Release):
-            return self._run(op.script, op.key, op.args, op.timeout)
+            return self._run(op.script, op.key, op.args, op.end)
         time.sleep(op.seconds)
         return None
 
-    def _run(self, name: str, key: str, args: list[Any], timeout: float | None = None) -> Any:
-        """EVALSHA a script with one key, loading it again if the server lost it (a
-        restart, a failover, SCRIPT FLUSH)."""
+    def _run(self, name: str, key: str, args: list[Any], end: float | None = None) -> Any:
+        """EVALSHA a script with one key by ``end`` (monotonic; None: within the socket
+        timeout), loading it again if the server lost it (a restart, a failover, SCRIPT FLUSH)."""
         if not _same_process[0]:      # check_fork, inline: a child of a fork made from C must
             _new_process()            # not talk on its parent's sockets
         call = self._call or self._caller()
         script = self._scripts[name]
         try:
-            return call("EVALSHA", script.sha, 1, key, *args, timeout=timeout)
+            return call("EVALSHA", script.sha, 1, key, *args, end=end)
         except rex.NoScriptError:
             if call.__class__ is DirectCalls:
                 # On the lock path's own connections: not on the client's pool, which would
                 # open a connection for each thread that found the script missing at once.
-                sha = call("SCRIPT", "LOAD", script.script, timeout=timeout)
+                sha = call("SCRIPT", "LOAD", script.script, end=end)
                 script.sha = sha.decode() if isinstance(sha, bytes) else sha
             else:
                 script.sha = self.client.script_load(script.script)
-            return call("EVALSHA", script.sha, 1, key, *args, timeout=timeout)
+            return call("EVALSHA", script.sha, 1, key, *args, end=end)
 
     def _caller(self) -> Any:
         """Build the client (and its scripts) on first use; return the hot path's sender."""
@@ -443,11 +322,12 @@ class RedisEngine(Engine):
         call = self._call
         return call if call is not None else cluster_call(self.client)   # closed meanwhile
 
-    def _acquire_call(self, script: str, key: str, args: list[Any], timeout: float) -> tuple[Any, int]:
-        """Run an acquire script; with ``wait_replicas``, WAIT on the same connection in
-        the same round trip (WAIT counts the replicas that have this connection's writes)."""
+    def _acquire_call(self, script: str, key: str, args: list[Any], end: float) -> tuple[Any, int]:
+        """Run an acquire script by ``end``; with ``wait_replicas``, WAIT on the same
+        connection in the same round trip (WAIT counts the replicas that have this
+        connection's writes; redis-py's pipeline is bounded by the socket timeout)."""
         if not self.wait_replicas:
-            return self._run(script, key, args, timeout), 0
+            return self._run(script, key, args, end), 0
         client = self.client
         if self.kind == "redis+cluster":
             # A Cluster pipeline refuses scripts: pipeline on the slot owner's own client.
@@ -468,7 +348,7 @@ class RedisEngine(Engine):
     def release(self, group: str, name: str, owner: str, mode: str) -> bool:
         key = self._x_keys.get((group, name, mode)) or self._x(group, name, mode)     # see _x_keys
         try:
-            reply = self._run(RELEASE[mode], key, release_args(owner, mode), self.socket_timeout)
+            reply = self._run(RELEASE[mode], key, release_args(owner, mode), time.monotonic() + self.socket_timeout)
         except Exception as exc:
             raise self._translate(exc, group, name) from exc
         return self._released(group, name, reply)
@@ -476,39 +356,12 @@ class RedisEngine(Engine):
     def _released(self, group: str, name: str, reply: Any) -> bool:
         if reply.__class__ is int:
             return bool(reply)
-        self._publish_evicted(group, name, reply[1:])
-        return bool(reply[0])
+        answer = Released.of(reply)
+        self._publish_evicted(group, name, answer.evicted)
+        return answer.held
 
     def renew(self, items: Sequence[RenewItem]) -> list[bool | None]:
-        results: list[bool | None] = [None] * len(items)
-        client = self.client  # builds the client and registers the scripts on first use
-        # A Cluster pipeline cannot run scripts, so split the batch per node and pipeline
-        # each part on that node's own connection: one round trip per node and chunk.
-        by_node: dict[Any, list[int]] = {}
-        for index, item in enumerate(items):
-            by_node.setdefault(self._node_client(client, item), []).append(index)
-        for node_client, indexes in by_node.items():
-            for start in range(0, len(indexes), self.renew_chunk):
-                chunk = indexes[start:start + self.renew_chunk]
-                try:
-                    with self._errors():
-                        pipe = node_client.pipeline(transaction=False)
-                        for index in chunk:
-                            item = items[index]
-                            self._scripts["renew"](keys=[self.keys.x(item.group, item.name, item.mode)],
-                                                   args=[item.owner, item.mode, int(item.lease * 1000)], client=pipe)
-                        replies = pipe.execute(raise_on_error=False)
-                    for index, reply in zip(chunk, replies):
-                        results[index] = None if isinstance(reply, Exception) else bool(reply)
-                except EngineUnavailable:
-                    logger.warning("ylock: Redis unavailable while renewing %d holds", len(chunk))
-        return results
-
-    def _node_client(self, client: Any, item: RenewItem) -> Any:
-        if self.kind != "redis+cluster":
-            return client
-        slot = client.keyslot(self.keys.base(item.group, item.name))
-        return client.get_redis_connection(client.nodes_manager.get_node_from_slot(slot))
+        return renewal.renew(self, items)
 
     # -- inspection -----------------------------------------------------------------------
 
@@ -524,7 +377,7 @@ class RedisEngine(Engine):
     def adopt(self, group: str, name: str, mode: str, old_owner: str, new_owner: str, token: int) -> bool:
         with self._errors(group, name):
             return bool(self._run("adopt", self.keys.x(group, name, mode), [old_owner, new_owner, mode, str(token)],
-                                  self.socket_timeout))
+                                  time.monotonic() + self.socket_timeout))
 
     def publish_stats(self, process: str, data: bytes, ttl: float) -> None:
         with self._errors():
@@ -538,11 +391,3 @@ class RedisEngine(Engine):
         with self._errors(group, name):
             key = self.keys.x(group, name, PERMIT if kind == SEMAPHORE else WRITE)
             return bool(self._run("force_release", key, []))
-
-
-
-def _queued_too_late(r: AcquireRequest, reply: Any) -> bool:
-    """Whether a first try queued the owner (it asks to stay) but answered after the
-    deadline: the steps, which take such an answer as the last try's, would return without
-    leaving the queue, so the caller leaves it (and gives back a grant) and times out."""
-    return r.deadline is not None and reply[0] != 1 and time.monotonic() >= r.deadline

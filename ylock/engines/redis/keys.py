@@ -9,7 +9,7 @@ on one Cluster node; a semaphore's keys sit under the same tag followed by ``:p`
     <prefix>:{<group>:<name>}:n:<owner>      a waiter's notify list (its grants, its wake-ups)
     <prefix>:{<group>:<name>}:p:x, :p:f ...  a semaphore's keys, the same below ``:p``
     <prefix>:stats:<process>                 a process's published statistics
-    <prefix>:hub:<random>                    a notify hub's wake-up list (see ``direct.py``)
+    <prefix>:hub:<random>                    a notify hub's wake-up list (see ``hubs.py``)
 
 The suffixes past ``:x`` are written by the Lua scripts (``lua/common.lua``); this module
 knows the ones Python reads or builds.

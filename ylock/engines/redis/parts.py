@@ -1,13 +1,16 @@
-"""What the engine's helper modules (:mod:`.steps`, :mod:`.aio`, :mod:`.inspection`) use
-of the engine, as a Protocol: they are handed the engine but never import its module,
-which imports them (no import circle)."""
+"""What the engine's helper modules (:mod:`.steps`, :mod:`.aio`, :mod:`.averbs`,
+:mod:`.renewal`, :mod:`.inspection`) use of the engine, as a Protocol: they are handed the
+engine (or are its base class) but never import its module, which imports them (no import
+circle)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, Protocol
 
+from ylock.engines.base import AcquireRequest
 from ylock.engines.redis.clients import Clients
-from ylock.engines.redis.direct import Refusals
+from ylock.engines.redis.hubs import Refusals
 from ylock.engines.redis.keys import Keys
 
 
@@ -21,14 +24,27 @@ class EngineParts(Protocol):
     socket_timeout: float
     wait_replicas: int
     wait_timeout_ms: int
-    _refusals: Refusals                               # commands the server refused (direct.py)
+    renew_chunk: int
+    _refusals: Refusals                               # commands the server refused (hubs.py)
     _async: dict[asyncio.AbstractEventLoop, Any]      # each loop's AsyncSide (aio.py)
+    _scripts: dict[str, Any]                          # the registered scripts, by name
+    _x_keys: dict[tuple[str, str, str], str]          # x keys of the locks in use
 
     @property
     def client(self) -> Any: ...
 
     def url_for_display(self) -> str: ...
 
-    def _run(self, name: str, key: str, args: list[Any], timeout: float | None = None) -> Any: ...
+    def _run(self, name: str, key: str, args: list[Any], end: float | None = None) -> Any: ...
 
     def _publish_evicted(self, group: str, name: str, evicted: list[Any]) -> None: ...
+
+    def _request(self, r: AcquireRequest) -> tuple[str, list[Any]]: ...
+
+    def _x(self, group: str, name: str, mode: str) -> str: ...
+
+    def _translate(self, exc: Exception, group: str | None, name: str | None) -> Exception: ...
+
+    def _released(self, group: str, name: str, reply: Any) -> bool: ...
+
+    def _errors(self, group: str | None = None, name: str | None = None) -> contextlib.AbstractContextManager[None]: ...

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 from importlib import resources
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ylock.engines.base import PERMIT, READ, WRITE
 
-__all__ = ["ACQUIRE", "FIRST_TRY", "NAMES", "RELEASE", "SOURCES", "TryFlags", "fill", "release_args"]
+__all__ = ["ACQUIRE", "FIRST_TRY", "FIRST_TRY_HOLDERS", "NAMES", "RELEASE", "SOURCES", "Acquired", "Released",
+           "TryFlags", "fill", "release_args"]
 
 
 def _script(name: str) -> str:
@@ -61,15 +62,57 @@ class TryFlags(NamedTuple):
     stay: bool
     #: The owner may be in the queue already.
     queued: bool
+    #: A reply that queues ends with the holders' notes (a traced wait links to their spans).
+    holders: bool = False
 
     def encode(self) -> str:
-        """The flags as the scripts read them: three characters "1"/"0"."""
+        """The flags as the scripts read them: four characters "1"/"0"."""
         return _ENCODED[self]
 
 
 _ENCODED = {flags: "".join("1" if flag else "0" for flag in flags)
-            for flags in (TryFlags(f, s, q) for f in (False, True) for s in (False, True) for q in (False, True))}
+            for flags in (TryFlags(f, s, q, h) for f in (False, True) for s in (False, True)
+                          for q in (False, True) for h in (False, True))}
 
 #: The encoded flags of a first try (stay, not queued yet), by fairness: made once, since
-#: every acquisition sends them.
+#: every acquisition sends them; FIRST_TRY_HOLDERS asks for the holders' notes too.
 FIRST_TRY = {fair: TryFlags(fair, stay=True, queued=False).encode() for fair in (False, True)}
+FIRST_TRY_HOLDERS = {fair: TryFlags(fair, stay=True, queued=False, holders=True).encode() for fair in (False, True)}
+
+
+class Acquired(NamedTuple):
+    """An acquire script's answer when it is not a bare token (the write fast path's, which
+    callers take first, as an int): ``{granted, value, evicted...}``."""
+
+    #: Whether the owner holds it now (acquired, granted meanwhile, or a writer downgrading).
+    granted: bool
+    #: Granted: the fencing token; else the milliseconds the holders' leases still run.
+    value: int
+    #: The dead waiters this call evicted from the queue (owner ids, as bytes).
+    evicted: list[Any]
+    #: A reply that queues, to a try that asked (:attr:`TryFlags.holders`): the holders' notes,
+    #: ``[owner, "<since ms>|<context>", ...]``; else None.
+    notes: list[Any] | None = None
+
+    @classmethod
+    def of(cls, reply: list[Any]) -> Acquired:
+        """Name the parts of an acquire script's list reply (the notes, when there, are its
+        last element: a list, where the evicted owners are strings)."""
+        if len(reply) > 2 and reply[-1].__class__ is list:
+            return cls(reply[0] == 1, int(reply[1]), reply[2:-1], reply[-1])
+        return cls(reply[0] == 1, int(reply[1]), reply[2:])
+
+
+class Released(NamedTuple):
+    """A release script's answer: whether the owner still held it, and the dead waiters
+    evicted meanwhile (a bare 0 or 1 when none were)."""
+
+    held: bool
+    evicted: list[Any]
+
+    @classmethod
+    def of(cls, reply: Any) -> Released:
+        """Name the parts of a release script's reply (an int, or ``{held, evicted...}``)."""
+        if reply.__class__ is int:
+            return cls(bool(reply), [])
+        return cls(bool(reply[0]), reply[1:])

@@ -8,40 +8,41 @@ import contextlib
 import time
 from typing import Any, NamedTuple
 
-from ylock.engines.base import Abandon, AcquireRequest, Steps
+from ylock.engines.base import Abandon, AcquireRequest, Steps, holder_context
 from ylock.engines.redis.keys import Keys
 from ylock.engines.redis.parts import EngineParts
-from ylock.engines.redis.scripts import ACQUIRE, RELEASE, TryFlags, release_args
+from ylock.engines.redis.scripts import ACQUIRE, RELEASE, Acquired, TryFlags, release_args
 from ylock.errors import EngineUnavailable
 
-__all__ = ["Acquire", "Pop", "Release", "Sleep", "acquire_steps"]
+__all__ = ["Acquire", "Pop", "Release", "Sleep", "acquire_steps", "queued_too_late"]
 
 
 class Acquire(NamedTuple):
-    """Run an acquire script; answers ``(reply, replicas that acknowledged)``."""
+    """Run an acquire script by ``end`` (the call's bound, ``time.monotonic()``); answers
+    ``(reply, replicas that acknowledged)``."""
 
     script: str
     key: str
     args: list[Any]
-    timeout: float
+    end: float
 
 
 class Pop(NamedTuple):
-    """Block up to ``wait`` seconds on a notify list (the socket up to ``timeout``);
-    answers ``BLPOP``'s reply, or None."""
+    """Block up to ``block`` seconds on a notify list, the whole call by ``end``; answers
+    ``BLPOP``'s reply, or None."""
 
     key: str
-    wait: float
-    timeout: float
+    block: float
+    end: float
 
 
 class Release(NamedTuple):
-    """Run a release script; answers its reply."""
+    """Run a release script by ``end``; answers its reply."""
 
     script: str
     key: str
     args: list[Any]
-    timeout: float
+    end: float
 
 
 class Sleep(NamedTuple):
@@ -52,34 +53,40 @@ class Sleep(NamedTuple):
 
 def acquire_steps(engine: EngineParts, r: AcquireRequest, key: str, args: list[Any], reply: Any) -> Steps:
     """The rest of an acquisition, after the first reply (None: not tried yet): queueing,
-    waiting for a grant or a poll, trying again until the deadline. Every operation gets
-    what is left of the call's budget, the deadline plus one socket timeout, so that the
-    call ends by then whatever the server or the network does. :func:`arun_steps` throws
-    :class:`Abandon` in when the awaiting task is cancelled. ``args`` are the acquire
-    script's, whose flags (``args[2]``) each try sets."""
+    waiting for a grant or a poll, trying again until the deadline.
+
+    Three quantities, three names: ``r.deadline`` is the wait's budget (the caller's, absolute,
+    ``time.monotonic()``); a pop's ``block`` is how long the server blocks it; an operation's
+    ``end`` is its bound, at most one socket timeout from its start and never past the
+    call's bound, the deadline plus one socket timeout, so that the call ends by then
+    whatever the server or the network does. :func:`arun_steps` throws :class:`Abandon` in
+    when the awaiting task is cancelled. ``args`` are the acquire script's, whose flags
+    (``args[2]``) each try sets. ``r.queued``, if any, is called once when the acquisition
+    first waits (the facade tells its watchers)."""
     waiter_lease = r.polling.waiter_lease
     fair = bool(r.fair)
     intervals = r.polling.intervals()
     notify_key = Keys.notify(key, r.owner)
     socket_timeout = engine.socket_timeout
-    end = None if r.deadline is None else r.deadline + socket_timeout
+    bound = None if r.deadline is None else r.deadline + socket_timeout
     unreachable_since: float | None = None
     queued = False
+    told = r.queued                  # told once, at the first wait (with the holders, asked for)
     acked = 0
     try:
         while True:
             now = time.monotonic()
             last_try = r.deadline is not None and now >= r.deadline
             if reply is None:
-                left = socket_timeout if end is None else min(socket_timeout, end - now)
-                if left <= 0:          # no time for another try: a queue entry expires on its own
+                end = now + socket_timeout if bound is None else min(now + socket_timeout, bound)
+                if end <= now:         # no time for another try: a queue entry expires on its own
                     if queued:
                         return None
                     raise EngineUnavailable(f"Redis at {engine.url_for_display()} did not answer in time",
                                             group=r.group, name=r.name)
-                args[2] = TryFlags(fair, stay=not last_try, queued=queued).encode()
+                args[2] = TryFlags(fair, stay=not last_try, queued=queued, holders=told is not None).encode()
                 try:
-                    reply, acked = yield Acquire(ACQUIRE[r.mode], key, args, left)
+                    reply, acked = yield Acquire(ACQUIRE[r.mode], key, args, end)
                     unreachable_since = None
                 except EngineUnavailable:
                     # Before we are queued, fail fast; once queued, ride out a blip until the
@@ -93,26 +100,32 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, key: str, args: list[A
             if reply.__class__ is int:
                 yield from confirm_steps(engine, r, key, acked)
                 return int(reply)
-            engine._publish_evicted(r.group, r.name, reply[2:])
-            if reply[0] == 1:
+            answer = Acquired.of(reply)
+            if answer.evicted:
+                engine._publish_evicted(r.group, r.name, answer.evicted)
+            if answer.granted:
                 yield from confirm_steps(engine, r, key, acked)
-                return int(reply[1])
+                return answer.value
             queued = True
             if last_try:
                 return None
-            wait = min(next(intervals), max(0.001, int(reply[1]) / 1000))
+            if told is not None:
+                told(holders_of(answer.notes))
+                told = None
+            block = min(next(intervals), max(0.001, answer.value / 1000))
             reply = None
+            now = time.monotonic()
             if r.deadline is not None:
-                wait = min(wait, r.deadline - time.monotonic())
-            if wait <= 0:
+                block = min(block, r.deadline - now)
+            if block <= 0:
                 continue
             if not engine.notify:
-                yield Sleep(wait)
+                yield Sleep(block)
                 continue
-            # The pop blocks on the server for ``wait``; its socket waits one socket
+            # The pop blocks on the server for ``block``; its socket waits one socket
             # timeout more, so a healthy wait is never taken for a dead server.
             try:
-                popped = yield Pop(notify_key, wait, wait + socket_timeout)
+                popped = yield Pop(notify_key, block, now + block + socket_timeout)
             except EngineUnavailable:
                 continue           # the next try finds out whether the server is back
             if popped is None or popped[1] == b"wake":
@@ -127,18 +140,40 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, key: str, args: list[A
         # way: leave the queue in a last try that does not wait, and give back a grant.
         args[2] = TryFlags(fair, stay=False, queued=True).encode()
         try:
-            reply, _ = yield Acquire(ACQUIRE[r.mode], key, args, socket_timeout)
-            if reply.__class__ is int or reply[0] == 1:
-                yield Release(RELEASE[r.mode], key, release_args(r.owner, r.mode), socket_timeout)
+            reply, _ = yield Acquire(ACQUIRE[r.mode], key, args, time.monotonic() + socket_timeout)
+            if reply.__class__ is int or Acquired.of(reply).granted:
+                yield Release(RELEASE[r.mode], key, release_args(r.owner, r.mode), time.monotonic() + socket_timeout)
         except EngineUnavailable:
             pass               # the queue entry and a grant's short lease expire on their own
         raise
+
+
+def holders_of(notes: list[Any] | None) -> dict[str, dict[str, Any]] | None:
+    """The holders' notes of a reply that queued (see :attr:`Acquired.notes`), described as
+    :attr:`ylock.LockInfo.context` describes them; None if the reply had none."""
+    if notes is None:
+        return None
+    out = {}
+    for i in range(0, len(notes) - 1, 2):
+        owner = notes[i].decode() if isinstance(notes[i], bytes) else notes[i]
+        note = notes[i + 1].decode() if isinstance(notes[i + 1], bytes) else notes[i + 1]
+        since, _, said = note.partition("|")
+        out[owner] = holder_context(owner, int(since) / 1000 if since.isdigit() else None, said)
+    return out
 
 
 def confirm_steps(engine: EngineParts, r: AcquireRequest, key: str, acked: int) -> Steps:
     """With ``wait_replicas``: release and raise if too few replicas acknowledged."""
     if acked < engine.wait_replicas:
         with contextlib.suppress(EngineUnavailable):
-            yield Release(RELEASE[r.mode], key, release_args(r.owner, r.mode), engine.socket_timeout)
+            yield Release(RELEASE[r.mode], key, release_args(r.owner, r.mode),
+                          time.monotonic() + engine.socket_timeout)
         raise EngineUnavailable(f"only {acked} of {engine.wait_replicas} replicas acknowledged the lock "
                                 f"within {engine.wait_timeout_ms} ms; released it", group=r.group, name=r.name)
+
+
+def queued_too_late(r: AcquireRequest, reply: Any) -> bool:
+    """Whether a first try queued the owner (it asks to stay) but answered after the
+    deadline: the steps, which take such an answer as the last try's, would return without
+    leaving the queue, so the caller leaves it (and gives back a grant) and times out."""
+    return r.deadline is not None and not Acquired.of(reply).granted and time.monotonic() >= r.deadline

@@ -193,8 +193,10 @@ class ZooKeeperEngine(Engine):
 
     def _acquire_steps(self, r: AcquireRequest) -> Steps:
         """Create our node, then wait until no child before it blocks us (module docstring).
-        Every request is bounded by what is left of the call's budget (the deadline plus
-        ``connect_timeout``); waits end at the deadline."""
+        Three times, three names: ``r.deadline`` ends the waits (the caller's budget); ``bound``,
+        the deadline plus ``connect_timeout``, bounds the whole call; each request's ``end`` is
+        at most one ``connect_timeout`` away and never past the bound. ``r.queued`` hears of
+        the first wait."""
         lockpath = paths.lock_path(self.root, r.group, r.name, r.mode)
         claim = Claim(self._keeper.held_event, ClaimKey(r.group, r.name, r.owner, r.mode), lockpath)
         # A semaphore's node carries the permit count asked for (describe() shows it), and
@@ -204,6 +206,7 @@ class ZooKeeperEngine(Engine):
         data = (f"p{r.permits}|" if permit else paths.LETTER[r.mode]).encode() + r.context.encode()
         end = None if r.deadline is None else r.deadline + self.connect_timeout
         flight = (lockpath, claim.prefix)
+        queued = r.queued                # told once, at the first wait
         watched = False              # a children read has left its child watch
         keeper = self._keeper
         keeper.creating.add(flight)
@@ -211,7 +214,7 @@ class ZooKeeperEngine(Engine):
             while True:
                 if not self._session.connected.is_set():
                     yield Connect(self._reconnect_wait(claim, r, end))
-                left = self._left(end)
+                bound = self._bound(end)
                 try:
                     if claim.node is None and not claim.unsure:
                         # Until its answer is read, the create may have made our node: a
@@ -219,7 +222,7 @@ class ZooKeeperEngine(Engine):
                         claim.unsure = True
                         try:
                             created, children = yield Send([Request(CREATE, f"{lockpath}/{claim.prefix}", data),
-                                                            Request(CHILDREN, lockpath, claim.on_watch)], left)
+                                                            Request(CHILDREN, lockpath, claim.on_watch)], bound)
                         except LockError as exc:    # a refusal (an ACL) made nothing; no answer may have
                             claim.unsure = isinstance(exc, EngineUnavailable)
                             raise
@@ -239,7 +242,7 @@ class ZooKeeperEngine(Engine):
                         # The first successful read of the children leaves the child watch
                         # (see the module docstring); later reads need none.
                         children, = yield Send([Request(CHILDREN, lockpath,
-                                                        None if watched and not permit else claim.on_watch)], left)
+                                                        None if watched and not permit else claim.on_watch)], bound)
                         if isinstance(children, NoNodeError):
                             children = []
                         else:
@@ -258,7 +261,7 @@ class ZooKeeperEngine(Engine):
                     claim.unsure = False         # (or, after a create without answer: not created)
                     continue
                 if not claim.token:              # ours, found after a create without answer
-                    stat, = yield Send([Request(EXISTS, f"{lockpath}/{mine}")], self._left(end))
+                    stat, = yield Send([Request(EXISTS, f"{lockpath}/{mine}")], self._bound(end))
                     if stat is None or isinstance(stat, Exception):
                         keeper.forget(claim)
                         continue
@@ -266,17 +269,23 @@ class ZooKeeperEngine(Engine):
                 claim.unsure = False
                 # Nodes of ours but for this one were left by earlier attempts of this owner
                 # whose create got no answer (kazoo sends a request queued during a
-                # disconnection once it reconnects): they block nobody of ours, and go.
+                # disconnection once it reconnects): they block nobody of ours, and go. A
+                # live one is not ours any more: a hold this owner detached, now a ticket's
+                # (or its adopter's), which blocks us as anyone's would.
+                live = keeper.live
                 for child in children:
-                    if child.startswith(claim.prefix) and child != mine:
+                    if child.startswith(claim.prefix) and child != mine and f"{lockpath}/{child}" not in live:
                         keeper.orphan(f"{lockpath}/{child}")
-                blockers = paths.blockers([c for c in children if c == mine or not c.startswith(claim.prefix)],
-                                          mine, r.mode)
+                blockers = paths.blockers([c for c in children if c == mine or not c.startswith(claim.prefix)
+                                           or f"{lockpath}/{c}" in live], mine, r.mode)
                 if len(blockers) < (r.permits if permit else 1):
                     return keeper.grant(claim)
                 if r.deadline is not None and time.monotonic() >= r.deadline:
                     yield from self._give_up(claim, end)
                     return None
+                if queued is not None:
+                    queued(None)                 # the watchers read the holders' nodes if they need them
+                    queued = None
                 if permit:
                     yield from self._wait_for_change(claim, r, end)
                     continue
@@ -305,7 +314,7 @@ class ZooKeeperEngine(Engine):
             assert claim.node is not None        # the caller found it among the children
             requests.append(Request(EXISTS, claim.node, claim.on_watch))
         try:
-            answers = yield Send(requests, self._left(end))
+            answers = yield Send(requests, self._bound(end))
         except EngineUnavailable:
             if r.deadline is not None and time.monotonic() >= r.deadline:
                 raise
@@ -322,10 +331,9 @@ class ZooKeeperEngine(Engine):
             return True                          # a downgraded writer: readers share with it
         only = len(blockers) == 1
         while True:
-            wait = None if r.deadline is None else r.deadline - time.monotonic()
-            if wait is not None and wait <= 0:
+            if r.deadline is not None and time.monotonic() >= r.deadline:
                 return False                     # the caller sees the deadline and gives up
-            event = yield Wait(claim.mailbox, wait)
+            event = yield Wait(claim.mailbox, r.deadline)
             if event is None:
                 continue
             if event.type == EventType.NONE:
@@ -347,10 +355,9 @@ class ZooKeeperEngine(Engine):
     def _wait_for_change(self, claim: Claim, r: AcquireRequest, end: float | None) -> Steps:
         """A semaphore's waiter: wait for its child watch (any node leaving may admit it), or
         a dropped connection, or the deadline; the caller reads the children again."""
-        wait = None if r.deadline is None else r.deadline - time.monotonic()
-        if wait is not None and wait <= 0:
+        if r.deadline is not None and time.monotonic() >= r.deadline:
             return
-        event = yield Wait(claim.mailbox, wait)
+        event = yield Wait(claim.mailbox, r.deadline)
         if event is not None and event.type == EventType.NONE:
             yield Connect(self._reconnect_wait(claim, r, end))
 
@@ -362,7 +369,9 @@ class ZooKeeperEngine(Engine):
             return base if base in children else None
         if not claim.unsure:
             return None
-        ours = sorted((c for c in children if c.startswith(claim.prefix)), key=paths.sequence)
+        live = self._keeper.live          # a live node of this prefix is a detached hold's: not ours
+        ours = sorted((c for c in children if c.startswith(claim.prefix) and f"{claim.lockpath}/{c}" not in live),
+                      key=paths.sequence)
         if not ours:
             return None
         for extra in ours[1:]:
@@ -379,29 +388,30 @@ class ZooKeeperEngine(Engine):
         self._keeper.forget(claim)
         if node is None and not claim.unsure:
             return
-        budget = self.connect_timeout if end is None else min(self.connect_timeout, end - time.monotonic())
-        if budget < 0.005 or not self._session.connected.is_set():
+        now = time.monotonic()
+        bound = now + self.connect_timeout if end is None else min(now + self.connect_timeout, end)
+        if bound - now < 0.005 or not self._session.connected.is_set():
             if node is None:
                 self._keeper.orphan_prefix(claim.lockpath, claim.prefix)
             else:
                 self._keeper.orphan(node)
             return
         if node is None:
-            yield from self._give_up_unanswered(claim, budget)
+            yield from self._give_up_unanswered(claim, bound)
             return
         try:
-            yield Send([Request(DELETE, node)], budget)
+            yield Send([Request(DELETE, node)], bound)
         except (EngineUnavailable, LockError):
             self._keeper.orphan(node)
 
-    def _give_up_unanswered(self, claim: Claim, budget: float) -> Steps:
+    def _give_up_unanswered(self, claim: Claim, bound: float) -> Steps:
         """Give up after a create whose answer never came (lost with the connection, or the
         call cancelled while it was on its way): read the children (ZooKeeper answers a
         session's requests in order, so the read sees what the create made) and delete ours;
         what cannot be done now the keeper does once connected."""
         lockpath, prefix = claim.lockpath, claim.prefix
         try:
-            children, = yield Send([Request(CHILDREN, lockpath)], budget)
+            children, = yield Send([Request(CHILDREN, lockpath)], bound)
             if isinstance(children, Exception):
                 if not isinstance(children, NoNodeError):
                     self._keeper.orphan_prefix(lockpath, prefix)
@@ -409,25 +419,27 @@ class ZooKeeperEngine(Engine):
             live = self._keeper.live
             ours = [f"{lockpath}/{c}" for c in children if c.startswith(prefix) and f"{lockpath}/{c}" not in live]
             if ours:
-                yield Send([Request(DELETE, node) for node in ours], budget)
+                yield Send([Request(DELETE, node) for node in ours], bound)
         except (EngineUnavailable, LockError):
             self._keeper.orphan_prefix(lockpath, prefix)
 
     def _reconnect_wait(self, claim: Claim, r: AcquireRequest, end: float | None) -> float:
-        """How long an acquisition waits for a lost connection to come back. A queued
+        """Until when an acquisition waits for a lost connection to come back. A queued
         waiter's node keeps its place while the session lives, so it waits to the end of its
         deadline (a wait without deadline: one session timeout, after which the node is gone
         anyway); a call that has queued nothing yet waits as a new call would."""
+        now = time.monotonic()
         if claim.node is not None or claim.unsure:
-            if r.deadline is None:
-                return self.session_timeout
-            return max(0.0, r.deadline - time.monotonic())
-        return self._session.connect_wait(self._left(end), r.deadline)
+            return now + self.session_timeout if r.deadline is None else r.deadline
+        return now + self._session.connect_wait(self._bound(end) - now, r.deadline)
 
-    def _left(self, end: float | None) -> float:
+    def _bound(self, end: float | None) -> float:
+        """The ``end`` of one request: one ``connect_timeout`` from now, never past the call's
+        ``end`` (but a millisecond at least: a request is sent, or the call is over)."""
+        now = time.monotonic()
         if end is None:
-            return self.connect_timeout
-        return max(0.001, min(self.connect_timeout, end - time.monotonic()))
+            return now + self.connect_timeout
+        return max(now + 0.001, min(now + self.connect_timeout, end))
 
     def release(self, group: str, name: str, owner: str, mode: str) -> bool:
         return run_steps(self._release_steps(group, name, owner, mode), self._do,  # type: ignore[no-any-return]
@@ -449,7 +461,8 @@ class ZooKeeperEngine(Engine):
                 # The write hold ends, the read hold stays on the same node: other readers
                 # may share it now, writers still wait (the node keeps its place).
                 try:
-                    yield Send([Request(SET, claim.node, b"r" + claim.context.encode())], self.connect_timeout)
+                    yield Send([Request(SET, claim.node, b"r" + claim.context.encode())],
+                               time.monotonic() + self.connect_timeout)
                 except EngineUnavailable:
                     keeper.claims[key] = claim
                     raise
@@ -461,8 +474,8 @@ class ZooKeeperEngine(Engine):
         # ours (a connection drop is not a loss), and left behind it would block everyone.
         try:
             if not self._session.connected.is_set():
-                yield Connect(self.connect_timeout)
-            deleted, = yield Send([Request(DELETE, node)], self.connect_timeout)
+                yield Connect(time.monotonic() + self.connect_timeout)
+            deleted, = yield Send([Request(DELETE, node)], time.monotonic() + self.connect_timeout)
         except EngineUnavailable as exc:
             self._keeper.orphan(node)
             raise EngineUnavailable(f"could not delete the lock node {node} ({exc}); it is deleted when the "

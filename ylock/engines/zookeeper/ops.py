@@ -6,8 +6,12 @@
   and return their results in the same order; a result that is one of :data:`ANSWERS`
   (no node, node exists...) is returned as the exception, for the steps to read; any other
   error is raised.
-* :class:`Wait`: wait for the next event of a claim's mailbox (None at the timeout).
-* :class:`Connect`: wait for the connection (EngineUnavailable at the timeout).
+* :class:`Wait`: wait for the next event of a claim's mailbox (None at its ``until``).
+* :class:`Connect`: wait for the connection (EngineUnavailable at its ``until``).
+
+Every operation carries an absolute time (``time.monotonic()``), never a duration: the
+steps hand each the call's own deadline or bound, and the executors turn it into what a
+wait takes at the last moment.
 """
 from __future__ import annotations
 
@@ -39,23 +43,28 @@ class Request(NamedTuple):
 
 
 class Send(NamedTuple):
-    """Send ``requests`` together; each result within ``timeout`` seconds of the send."""
+    """Send ``requests`` together; every result by ``end``."""
 
     requests: list[Request]
-    timeout: float
+    end: float
 
 
 class Wait(NamedTuple):
-    """Wait up to ``timeout`` seconds (None: no limit) for an event of ``mailbox``."""
+    """Wait until ``until`` (None: no limit) for an event of ``mailbox``."""
 
     mailbox: Mailbox
-    timeout: float | None
+    until: float | None
 
 
 class Connect(NamedTuple):
-    """Wait up to ``timeout`` seconds for the connection."""
+    """Wait until ``until`` for the connection."""
 
-    timeout: float
+    until: float
+
+
+def left(until: float) -> float:
+    """Seconds from now to ``until`` (0 once it passed)."""
+    return max(0.0, until - time.monotonic())
 
 
 def start(client: KazooClient, req: Request) -> Any:
@@ -82,7 +91,7 @@ def do(session: Session, op: Send | Wait | Connect) -> Any:
     if type(op) is Send:
         client = session.sendable()
         pending = [start(client, req) for req in op.requests]
-        end = time.monotonic() + op.timeout
+        end = op.end
         results = []
         for result in pending:
             try:
@@ -91,9 +100,9 @@ def do(session: Session, op: Send | Wait | Connect) -> Any:
                 results.append(exc)
         return results
     if type(op) is Wait:
-        return op.mailbox.wait(op.timeout)
+        return op.mailbox.wait(None if op.until is None else left(op.until))
     if type(op) is Connect:
-        session.wait_connected(op.timeout)
+        session.wait_connected(left(op.until))
         return None
     raise TypeError(f"unknown operation {op!r}")
 
@@ -110,10 +119,11 @@ async def ado(session: Session, op: Send | Wait | Connect) -> Any:
             start(client, req).rawlink(lambda result, f=future: _resolve(loop, f, result))
             futures.append(future)
         gathered = asyncio.gather(*futures, return_exceptions=True)
+        timeout = left(op.end)
         try:
-            done = await asyncio.wait_for(gathered, op.timeout)
+            done = await asyncio.wait_for(gathered, timeout)
         except asyncio.TimeoutError:
-            raise KazooTimeoutError(f"no answer within {op.timeout:.3g} s") from None
+            raise KazooTimeoutError(f"no answer within {timeout:.3g} s") from None
         except asyncio.CancelledError:
             # A cancelled gather ends with a CancelledError *exception* that nobody reads:
             # read it, or asyncio logs "exception was never retrieved" at every cancellation.
@@ -126,9 +136,9 @@ async def ado(session: Session, op: Send | Wait | Connect) -> Any:
             results.append(value)
         return results
     if type(op) is Wait:
-        return await op.mailbox.await_(op.timeout)
+        return await op.mailbox.await_(None if op.until is None else left(op.until))
     if type(op) is Connect:
-        await session.await_connected(op.timeout)
+        await session.await_connected(left(op.until))
         return None
     raise TypeError(f"unknown operation {op!r}")
 

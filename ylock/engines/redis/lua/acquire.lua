@@ -1,8 +1,9 @@
 -- acquire.lua: try to acquire; otherwise join (or stay in) the queue, or leave it.
 -- KEYS[1] = the lock's x key (see common.lua)
 -- ARGV[1] owner   ARGV[2] mode: "write" | "read"
--- ARGV[3] flags: three characters "1"/"0": fair, stay (wait in the queue if not acquired;
---         "0" is the last try: leave the queue), queued (the owner may be in the queue)
+-- ARGV[3] flags: three or four characters "1"/"0": fair, stay (wait in the queue if not acquired;
+--         "0" is the last try: leave the queue), queued (the owner may be in the queue),
+--         holders (a reply that queues ends with the holders' notes, see holder_notes)
 -- ARGV[4] lease ms   ARGV[5] waiter lease ms   ARGV[6] what the owner is doing (JSON, see note())
 -- Every grant made here lasts min(lease, waiter lease) until the owner's watchdog renews it to
 -- the full lease (its first renewal comes a third of the waiter lease later): an acquisition
@@ -10,7 +11,8 @@
 -- the client gave up, a cancelled task, a dead process) blocks others for a waiter lease at most.
 -- Returns the token (an integer) when the write fast path acquired; else {1, token, evicted...}
 -- when the owner holds the lock (acquired now, granted by a releaser meanwhile, or a writer
--- downgrading), or {0, ms the holders' leases still run, evicted...}.
+-- downgrading), or {0, ms the holders' leases still run, evicted...} (asked for: then, last, a
+-- nested {owner, note, ...} of the holders' notes).
 local o, mode, wlease = ARGV[1], ARGV[2], tonumber(ARGV[5])
 local lease = math.min(tonumber(ARGV[4]), wlease)
 local lease_px = lease == wlease and ARGV[5] or ARGV[4]   -- the same, as sent (see RETENTION)
@@ -31,7 +33,10 @@ if mode == 'write' and not queued and fair and stay then
   if v and string.match(v, '^(.*)|%d+$') ~= o then
     redis.call('RPUSH', K.q, o)
     redis.call('SET', base .. ':w:' .. o, request('write', ARGV[4], clock(), ARGV[5], '1', ARGV[6]), 'PX', wlease)
-    return {0, redis.call('PTTL', K.x)}
+    if string.sub(ARGV[3], 4, 4) ~= '1' then return {0, redis.call('PTTL', K.x)} end
+    local holder = string.match(v, '^(.*)|%d+$')
+    local said = redis.call('GET', base .. ':h:' .. holder)
+    return {0, redis.call('PTTL', K.x), said and {holder, said} or {}}
   end
 end
 
@@ -55,6 +60,7 @@ local evicted = {}
 local function done(status, value)
   local out = {status, value}
   for _, e in ipairs(evicted) do table.insert(out, e) end
+  if status == 0 and string.sub(ARGV[3], 4, 4) == '1' then table.insert(out, holder_notes(now)) end
   return out
 end
 

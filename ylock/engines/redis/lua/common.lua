@@ -160,6 +160,21 @@ local function writer_of()
   return o, tonumber(tok)
 end
 
+-- What the holders said they are doing (their notes), for a waiter whose try asked for them
+-- (its fourth flag: it traces its wait, and links to the holders' spans without a request
+-- of its own): {owner, "<since ms>|<context>", ...}, holders without a note left out.
+local function holder_notes(now)
+  local notes = {}
+  local holders = redis.call('ZRANGEBYSCORE', K.s, '(' .. now, '+inf')
+  local w = writer_of()
+  if w then table.insert(holders, w) end
+  for _, h in ipairs(holders) do
+    local v = redis.call('GET', base .. ':h:' .. h)
+    if v then table.insert(notes, h); table.insert(notes, v) end
+  end
+  return notes
+end
+
 local function extend(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
 end

@@ -1,6 +1,6 @@
 -- renew.lua: extend one owner's hold in one mode by its lease (the watchdog pipelines many).
 -- KEYS[1] = the lock's x key (see common.lua)
--- ARGV[1] owner  ARGV[2] mode: "write" | "read"  ARGV[3] lease ms
+-- ARGV[1] owner  ARGV[2] mode: "write" | "read" | "permit" (a semaphore's)  ARGV[3] lease ms
 -- Returns 1 if renewed, 0 if the owner no longer holds it (lost).
 --@queue
 local o, mode, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -20,4 +20,6 @@ redis.call('ZADD', K.s, now + lease, o)
 extend_shared(now)
 extend(K.t, lease)
 extend(base .. ':h:' .. o, lease)
+-- A semaphore's permit count (describe() tells a semaphore by it) lives as long as a holder.
+if mode == 'permit' then extend(base .. ':c', lease * 2) end
 return 1

@@ -1,10 +1,11 @@
 -- sem_acquire.lua: take a permit of a semaphore; otherwise join (or stay in) its queue, or leave it.
 -- KEYS[1] = the semaphore's x key "<prefix>:{<group>:<name>}:p:x" (never set: it names the base)
--- ARGV[1] owner   ARGV[2] permits   ARGV[3] flags: fair, stay, queued (as acquire.lua)
+-- ARGV[1] owner   ARGV[2] permits   ARGV[3] flags: fair, stay, queued, holders (as acquire.lua)
 -- ARGV[4] lease ms   ARGV[5] waiter lease ms   ARGV[6] what the owner is doing (JSON)
 -- Every grant lasts min(lease, waiter lease) until the owner's watchdog renews it (see acquire.lua).
 -- Returns the token when the fast path took a permit; else {1, token, evicted...} when the owner holds a permit (taken now, or granted by a
--- releaser meanwhile), or {0, ms until the earliest holder's lease runs out, evicted...}.
+-- releaser meanwhile), or {0, ms until the earliest holder's lease runs out, evicted...} (asked for:
+-- then, last, the holders' notes, as acquire.lua).
 local o, permits, wlease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
 local lease = math.min(tonumber(ARGV[4]), wlease)
 
@@ -46,6 +47,7 @@ local evicted = {}
 local function done(status, value)
   local out = {status, value}
   for _, e in ipairs(evicted) do table.insert(out, e) end
+  if status == 0 and string.sub(ARGV[3], 4, 4) == '1' then table.insert(out, holder_notes(now)) end
   return out
 end
 

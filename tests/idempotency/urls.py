@@ -1,0 +1,4 @@
+"""ROOT_URLCONF of tests/idempotency (tests/idempotency/views.py)."""
+from tests.idempotency.views import _django
+
+urlpatterns = _django()
