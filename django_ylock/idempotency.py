@@ -41,9 +41,8 @@ from django.utils.module_loading import import_string
 import ylock
 from django_ylock import conf
 from django_ylock.decorators import _is_async
-from django_ylock.request_lock import answer, request_held, request_owner
+from django_ylock.request_lock import answer, request_held, request_owner, user_key
 from ylock import idempotency as idem
-from ylock import web
 from ylock.idempotency.records import LocalRecords, RecordStore, RedisRecords, StoredResponse
 
 logger = logging.getLogger(__name__)
@@ -256,10 +255,9 @@ class Exchange:
             return ""
         if callable(scope):
             return str(scope(self.request, *self.args, **self.kwargs))
-        user = getattr(self.request, "user", None)
-        if user is not None and getattr(user, "is_authenticated", False):
-            return web.user_name(user.pk)
-        return idem.ANONYMOUS
+        # Who sent it, as the per-user lock says (a user, else an API client's credential,
+        # hashed), never a session: Flask's scope is the same (flask_ylock.current_user_key).
+        return user_key(self.request, "skip") or idem.ANONYMOUS
 
     def capture(self, response: Any) -> tuple[HttpResponseBase, StoredResponse | None]:
         response = self._rendered(response)

@@ -7,8 +7,12 @@ the session and authentication middleware) and ``YLOCK["USER_LOCK"]``::
     "USER_LOCK": {"LOCK": "users", "PATHS": ["/api/"], "EXCLUDE": ["/api/health"],
                   "TIMEOUT": 5, "ANONYMOUS": "session",   # or "skip"
                   "PERMITS": 1}                           # N > 1: up to N requests at once
+    "CLIENT_KEY": None,     # who an API client is: default its Authorization header (hashed)
 
-Requests of one user are serialised (reads shared); different users run in parallel.
+Requests of one user are serialised (reads shared); different users run in parallel. A
+request is its logged-in user, else its client's credential (``CLIENT_KEY``), else the
+session it came with (:mod:`ylock.clients`); the middleware never creates a session, and
+a request that nothing identifies takes no lock.
 With ``PERMITS`` N > 1, up to N requests of one user run at once (whatever their method),
 and one more waits up to ``TIMEOUT`` for a place, then gets 429.
 The settings are read once (again after a test changes them), not per request.

@@ -23,7 +23,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 import ylock
 from django_ylock import conf
-from ylock import web
+from ylock import clients, web
 from ylock.engines.base import PERMIT, WRITE
 from ylock.owner import new_owner, owner_scope, run_as
 
@@ -68,22 +68,70 @@ def current_lock(request: HttpRequest, name: str | None = None) -> ylock.Lock | 
 
 
 def user_key(request: HttpRequest, anonymous: str = "session") -> str | None:
-    """Return the lock name of the request's user: ``user-<pk>`` when authenticated, else a
-    keyed hash of a random id kept in the visitor's session (not the session key: with
-    signed-cookie sessions two new visitors can have the same one), else None (no lock)
-    when ``anonymous`` is "skip" or there is no session."""
+    """Return the lock name of who sent ``request`` (:func:`ylock.clients.identify`):
+    ``user-<pk>`` when authenticated, else ``client-<hmac>`` of what ``YLOCK["CLIENT_KEY"]``
+    finds (default: the ``Authorization`` header), else (unless ``anonymous`` is "skip")
+    ``session-<hmac>`` of the session the request came with; None (no lock) when nothing
+    identifies it. Never creates a session: a cookie-less request costs no database write."""
     user = getattr(request, "user", None)
-    if user is not None and getattr(user, "is_authenticated", False):
-        return web.user_name(user.pk)
-    if anonymous == "skip":
-        return None
+    return _identify(request, user.pk if user is not None and getattr(user, "is_authenticated", False) else None,
+                     anonymous, lambda: _existing_visitor(request))
+
+
+async def auser_key(request: HttpRequest, anonymous: str = "session") -> str | None:
+    """:func:`user_key` in an async view: the user and the session are read through Django's
+    async API (``request.auser()``, ``session.aget()``; Django 5.0+), else in a thread."""
     session = getattr(request, "session", None)
-    if session is None:
+    auser = getattr(request, "auser", None)
+    if (session is not None and not hasattr(session, "aget")) or (hasattr(request, "user") and auser is None):
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(user_key)(request, anonymous)
+    user = await auser() if auser is not None else None
+    user_id = user.pk if user is not None and getattr(user, "is_authenticated", False) else None
+    key = conf.current().web.client_key
+    if user_id is None and key is not None and clients.may_block(key):     # e.g. a token looked up in the database
+        from asgiref.sync import sync_to_async
+
+        credential = await sync_to_async(key)(request)
+        name = clients.identify(user_id=None, client=lambda: credential, visitor=None, secret=settings.SECRET_KEY)
+    else:
+        name = _identify(request, user_id, anonymous, lambda: None)
+    if name is not None or user_id is not None or anonymous == "skip" or not _has_session_cookie(request):
+        return name
+    visitor = await session.aget(clients.SESSION_KEY)
+    if not visitor and not _signed_cookies(session):
+        visitor = session.session_key       # after aget's load: None if the cookie names no live session
+    return clients.session_name(visitor, settings.SECRET_KEY) if visitor else None
+
+
+def _identify(request: HttpRequest, user_id: object | None, anonymous: str,
+              visitor: Callable[[], str | None]) -> str | None:
+    key = conf.current().web.client_key
+    return clients.identify(user_id=user_id, client=None if key is None else lambda: key(request),
+                            visitor=None if anonymous == "skip" else visitor, secret=settings.SECRET_KEY)
+
+
+def _has_session_cookie(request: HttpRequest) -> bool:
+    return getattr(request, "session", None) is not None and settings.SESSION_COOKIE_NAME in request.COOKIES
+
+
+def _signed_cookies(session: Any) -> bool:
+    """A signed-cookie session's key is its data: two visitors with the same data share it."""
+    return type(session).__module__ == "django.contrib.sessions.backends.signed_cookies"
+
+
+def _existing_visitor(request: HttpRequest) -> str | None:
+    """The id of the session ``request`` came with, read without creating or saving one: the
+    visitor id an earlier release kept there, else a server-side session's key (None when
+    the cookie names no live session)."""
+    if not _has_session_cookie(request):
         return None
-    visitor = session.get(web.SESSION_KEY)
-    if visitor is None:
-        visitor = session[web.SESSION_KEY] = web.new_visitor_id()
-    return web.session_name(visitor, settings.SECRET_KEY)
+    session = request.session
+    visitor = session.get(clients.SESSION_KEY)
+    if not visitor and not _signed_cookies(session):
+        visitor = session.session_key
+    return str(visitor) if visitor else None
 
 
 def answer(refusal: web.Refusal) -> HttpResponse:
@@ -219,18 +267,12 @@ class RequestLock:
 
     async def alock_for(self, request: HttpRequest, args: tuple[Any, ...],
                         kwargs: dict[str, Any]) -> web.Target | None:
-        """:meth:`lock_for` in an async view: the session is read and written through
-        Django's async session API (a database session must not be touched from the loop)."""
-        if self.spec.key is None and not getattr(getattr(request, "user", None), "is_authenticated", False):
-            session = getattr(request, "session", None)
-            if session is not None and hasattr(session, "aget") and self.spec.anonymous != "skip":
-                if await session.aget(web.SESSION_KEY) is None:
-                    await session.aset(web.SESSION_KEY, web.new_visitor_id())
-            elif session is not None and self.spec.anonymous != "skip":    # Django before 5.0
-                from asgiref.sync import sync_to_async
-
-                return await sync_to_async(self.lock_for)(request, args, kwargs)
-        return self.lock_for(request, args, kwargs)
+        """:meth:`lock_for` in an async view: the user and the session are read through
+        Django's async API (the database must not be touched from the loop)."""
+        if self.spec.key is not None:
+            return self.lock_for(request, args, kwargs)
+        name = await auser_key(request, self.spec.anonymous)
+        return None if name is None else self.spec.target(conf.current().registry, name)
 
 
 def release_pending(**kwargs: Any) -> None:

@@ -17,6 +17,7 @@ import functools
 import inspect
 import json
 import logging
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -30,7 +31,7 @@ from flask_ylock.cache import get_or_set as cache_get_or_set
 from flask_ylock.cli import ylock_cli
 from flask_ylock.config import check_cache
 from flask_ylock.state import State, state
-from ylock import events, names, web
+from ylock import clients, events, web
 from ylock.engines.base import PERMIT, WRITE
 from ylock.owner import new_owner, owner_scope
 
@@ -57,6 +58,10 @@ class YLock:
         for spec in self._limited:
             spec.check(state.registry)          # its errors name the app.config keys (the registry's names)
         app.extensions["ylock"] = state
+        # Labels by an unbounded lock name take a metrics server down: say so at startup.
+        keyed = ylock.metrics.keyed_groups(state.registry, state.web)
+        for found in ylock.metrics.unbounded(state.settings["METRICS"], keyed, setting="YLOCK_METRICS"):
+            warnings.warn(f"{found.problem} ({found.hint})", ylock.metrics.UnboundedLabelsWarning, stacklevel=2)
         events.subscribe(signals.relay)
         app.before_request(self._before_request)
         app.teardown_request(self._teardown_request)
@@ -120,9 +125,10 @@ class YLock:
         """Hold a lock of family ``name`` around every call of a view.
 
         ``key`` picks the lock in the family: the name of a URL variable (``"account_id"``),
-        a callable taking the view's keyword arguments, None for the current user
-        (Flask-Login's, else one per session; ``anonymous="skip"``: no lock for anonymous
-        visitors) or False (the named lock itself). ``mode``: ``"write"`` or ``"read"``;
+        a callable taking the view's keyword arguments, None for who sent the request
+        (:func:`current_user_key`: Flask-Login's user, else the ``Authorization`` credential,
+        else a server-side session; none of them: no lock; ``anonymous="skip"``: not the
+        session) or False (the named lock itself). ``mode``: ``"write"`` or ``"read"``;
         ``timeout``: seconds to wait (None: forever), default the lock's TIMEOUT, else 5.
         A lock that cannot be had in time answers 423 with ``Retry-After``; an engine that
         cannot be reached answers 503. Works on sync and async views. The arguments are
@@ -238,25 +244,34 @@ def request_owner() -> str:
 
 
 def current_user_key(anonymous: str = "session") -> str | None:
-    """Return the lock name of the current user: ``user-<id>`` for a Flask-Login user, else a
-    keyed hash of a random id kept in the session (``session-<hmac>``), else (no secret key:
-    Flask cannot keep a session) one per client address; None when ``anonymous`` is "skip"."""
+    """Return the lock name of who sent the current request (:func:`ylock.clients.identify`):
+    ``user-<id>`` for a Flask-Login user (also one its ``request_loader`` found by a token),
+    else ``client-<hmac>`` of what ``YLOCK_CLIENT_KEY`` finds (default: the ``Authorization``
+    header), else (unless ``anonymous`` is "skip") ``session-<hmac>`` of the server-side
+    session the request came with; None (no lock) when nothing identifies it. Never writes
+    the session: a cookie-less request gets no ``Set-Cookie``."""
     try:
         from flask_login import current_user
     except ImportError:
         current_user = None
+    user_id = None
     if current_user is not None and hasattr(current_app, "login_manager"):
         if getattr(current_user, "is_authenticated", False):
-            return web.user_name(current_user.get_id())
-    if anonymous == "skip":
+            user_id = current_user.get_id()
+    key = state().web.client_key
+    return clients.identify(user_id=user_id, client=None if key is None else lambda: key(request),
+                            visitor=None if anonymous == "skip" else _existing_visitor,
+                            secret=current_app.secret_key)
+
+
+def _existing_visitor() -> str | None:
+    """The id of the session the request came with, read without writing it: the visitor id
+    an earlier release kept there, else a server-side session's id (Flask-Session's ``sid``).
+    Flask's own cookie sessions have no id: their visitors are keyed by a credential only."""
+    if current_app.session_interface.get_cookie_name(current_app) not in request.cookies:
         return None
-    secret = current_app.secret_key
-    if not secret:
-        return names.name_for(f"addr-{request.remote_addr}")
-    visitor = session.get(web.SESSION_KEY)
-    if visitor is None:
-        visitor = session[web.SESSION_KEY] = web.new_visitor_id()
-    return web.session_name(visitor, secret)
+    visitor = session.get(clients.SESSION_KEY) or getattr(session, "sid", None)
+    return str(visitor) if visitor else None
 
 
 def _decorate(spec: web.RequestSpec, view: F) -> F:

@@ -89,6 +89,8 @@ def test_list_inspect_and_release_with_a_piped_confirmation(url: str, group: str
         again = ylock_cli("--url", url, "release", group, "orders", "--yes")
         assert again.returncode == 0
         assert again.stdout.strip() == f"nothing to release: {group}/orders on default was not held"
+        # nothing was taken from anyone: no "force-released" line on stderr contradicting stdout
+        assert "force-released" not in again.stderr and again.stderr.strip() == "", again.stderr
     finally:
         with pytest.raises(ylock.LockLost):
             lock.unlock()

@@ -9,7 +9,7 @@
   pasted in a fresh interpreter (the only change: ``redis://127.0.0.1:6379`` becomes the
   test session's redis-server), a block marked ``<!-- fragment -->`` (it continues an
   earlier block) is type-checked with ``mypy --strict`` after a prelude that defines what it
-  continues, every README block is type-checked too, and the blocks that other tests run as
+  continues, every other block is type-checked too (as pasted), and the blocks that other tests run as
   files of a project (the quick starts, the testing guide, the Prometheus set-up) are listed in ``ELSEWHERE`` with
   the test that runs them;
 - the shell blocks' ``ylock`` command lines name verbs and options the console script has.
@@ -99,9 +99,21 @@ bp = Blueprint("bp", __name__)
 ''',
 }
 
+#: What a block appended to a project's file follows there: (page, first line) -> prelude.
+PASTED_AFTER = {
+    ("docs/metrics.md", "# settings.py"): STANDALONE + "from typing import Any\nYLOCK: dict[str, Any] = {}\n",
+    ("docs/metrics.md", "# urls.py"): "from __future__ import annotations\nfrom typing import Any\n"
+                                      "from django.urls import path\nurlpatterns: list[Any] = []\n",
+    ("docs/metrics.md", "# app.py"): "from __future__ import annotations\nfrom flask import Flask\n"
+                                     "app = Flask(__name__)\n",
+}
+
 MYPY_CONFIG = """\
 [mypy]
 strict = True
+# prometheus_client's multiprocess helpers (the gunicorn hooks' mark_process_dead) have no
+# annotations: calling them is the block's only choice
+untyped_calls_exclude = prometheus_client
 # Django, Celery and the drivers are untyped without stub packages: their decorators and base
 # classes are Any. What is checked is what a block does with ylock's own (typed) API.
 ignore_missing_imports = True
@@ -182,7 +194,16 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
                        ("testing", "LocalTestEngine")):
         assert name in (site / "api" / page / "index.html").read_text(encoding="utf-8"), (page, name)
     assert "0.1.0" in (site / "changelog" / "index.html").read_text(encoding="utf-8")
-    assert (site / "bench" / "latest.png").read_bytes() == (ROOT / "bench" / "results" / "latest.png").read_bytes()
+    # Every mounted repository file is in the site, and every page that links it (by its path in
+    # the repository) shows the site's copy: no image of a built page points outside the site.
+    for site_path, repo_path in _mounted().items():
+        assert (site / site_path).read_bytes() == (ROOT / repo_path).read_bytes()
+    for html in site.rglob("*.html"):
+        for src in re.findall(r'<img[^>]* src="([^"]+)"', html.read_text(encoding="utf-8")):
+            if not re.match(r"[a-z][a-z0-9+.-]*:", src):
+                assert (html.parent / src).resolve().is_file(), f"{html.relative_to(site)}: broken image {src}"
+    benchmarks = (site / "benchmarks" / "index.html").read_text(encoding="utf-8")
+    assert 'src="../bench/latest.png"' in benchmarks
 
 
 def test_the_readme_is_short() -> None:
@@ -229,7 +250,6 @@ def _text_of(path: Path) -> str:
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_relative_link_resolves(path: Path) -> None:
-    mounted = _mounted() if path.parent == DOCS else {}
     links = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", _prose(path.read_text(encoding="utf-8")))
     broken = []
     for link in links:
@@ -239,10 +259,9 @@ def test_every_relative_link_resolves(path: Path) -> None:
         if target:
             relative = (path.parent / target).resolve().relative_to(ROOT).as_posix() if path.parent == ROOT \
                 else os.path.normpath((path.parent.relative_to(ROOT) / target).as_posix())
+            # The link must work where the page is read in the repository (GitHub, an editor), not
+            # only in the built site (docs/hooks.py points links to mounted files at the site's copy).
             file = ROOT / relative
-            if path.parent == DOCS and not file.exists():
-                site_path = os.path.relpath(relative, "docs")
-                file = ROOT / mounted[site_path] if site_path in mounted else file
             if not file.exists():
                 broken.append(f"{link}: no file {relative}")
                 continue
@@ -319,13 +338,20 @@ def test_the_celery_blocks_run_their_task(page: str, tmp_path: Path, redis_serve
     assert ran.returncode == 0 and ran.stdout.startswith("ran "), ran.stdout[-3000:] + ran.stderr[-3000:]
 
 
-def test_fragments_and_the_readme_type_check_strictly(tmp_path: Path) -> None:
-    """``mypy --strict`` on every fragment (after its page's prelude) and on every README
-    block: a user who pastes them into typed code gets no error."""
-    checked = [b for b in BLOCKS if b.kind in ("fragment", "entry") or b.page == "README.md"]
+def test_every_block_type_checks_strictly(tmp_path: Path) -> None:
+    """``mypy --strict`` on every Python block of README.md and docs/*.md: a fragment after
+    its page's prelude, any other block as pasted into a new file (or, for the settings and
+    module files of a project, after the names a new project's files have): a user who pastes
+    them into typed code gets no error. ylock is found as the README's development install
+    (``pip install -e .``) serves it, not from a path given to mypy: no ``MYPYPATH``, and
+    mypy runs outside the checkout."""
+    checked = list(BLOCKS)
     files = {}
     for n, block in enumerate(checked):
-        prelude = PRELUDES.get(block.page, PRELUDE) if block.kind in ("fragment", "entry") else STANDALONE
+        pasted = [p for (page, first), p in PASTED_AFTER.items()
+                  if page == block.page and block.first_line.startswith(first)]
+        prelude = PRELUDES.get(block.page, PRELUDE) if block.kind in ("fragment", "entry") else \
+            (pasted or [STANDALONE])[0]
         code = block.code if block.kind != "entry" else "setting = {\n" + block.code + "}\n"
         name = f"block_{n}_{re.sub(r'[^a-z0-9]+', '_', block.page.lower())}_{block.line}.py"
         # the prelude on one line, so mypy's line numbers are the block's lines plus one
@@ -335,7 +361,8 @@ def test_fragments_and_the_readme_type_check_strictly(tmp_path: Path) -> None:
     checked_run = subprocess.run(
         [sys.executable, "-m", "mypy", "--config-file", str(tmp_path / "mypy.ini"), "--cache-dir",
          str(tmp_path / ".mypy_cache"), "--no-error-summary", "--show-error-codes", *sorted(files)],
-        cwd=tmp_path, env=_clean_env(MYPYPATH=str(ROOT)), capture_output=True, text=True, timeout=600)
+        cwd=tmp_path, env={k: v for k, v in _clean_env().items() if k not in ("MYPYPATH", "PYTHONPATH")},
+        capture_output=True, text=True, timeout=600)
     errors = []
     for line in checked_run.stdout.splitlines():
         match = re.match(r"(block_[^:]+\.py):(\d+): (.*)", line)
@@ -345,7 +372,7 @@ def test_fragments_and_the_readme_type_check_strictly(tmp_path: Path) -> None:
         elif line.strip():
             errors.append(line)
     assert checked_run.returncode == 0 and not errors, "\n".join(errors) or checked_run.stderr[-3000:]
-    assert len(files) >= 10
+    assert len(files) == len(BLOCKS) >= 40
 
 
 def _documented_ylock_commands() -> list[tuple[str, str, list[str]]]:

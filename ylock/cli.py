@@ -172,8 +172,10 @@ def release_lock(console: Console, target: Target, group: str, name: str, *, yes
             return EXIT_ERROR
     with reaching(alias, engine):
         had = engine.force_release(group, name)
-    logger.warning("ylock: %s force-released %s/%s on %s (%s)", _user(), group, name, alias,
-                   "it was held" if had else "it was free")
+    if had:     # the audit trail: who took a lock from its holders
+        logger.warning("ylock: %s force-released %s/%s on %s", _user(), group, name, alias)
+    else:       # nothing was taken from anyone: standard output says so, the log need not
+        logger.info("ylock: %s asked to force-release %s/%s on %s: it was not held", _user(), group, name, alias)
     console.print(f"released {group}/{name} on {alias}" if had
                   else f"nothing to release: {group}/{name} on {alias} was not held")
     return EXIT_OK

@@ -5,10 +5,9 @@ objects and settings into these calls, so both answer the same requests the same
 - **Which lock.** ``key`` picks one lock of a named family per request: a URL value
   (escaped into a valid lock name, one per value: ``/``, ``.`` and the like never reach a
   server, and a value too long is hashed; :func:`ylock.names.name_for`), the result of a
-  callable, the current user (``user-<id>``), or an anonymous visitor's session, as a
-  keyed hash of it (``session-<hmac>``): a session key must never sit in server keys,
-  ``ylock list`` output, logs or 423 bodies, where anyone who reads them could hijack the
-  session.
+  callable, or who the request is (:mod:`ylock.clients`: the logged-in user, else a keyed
+  hash of the client's credential, else of the session it already has; never a new
+  session, and no lock for a request that nothing identifies).
 - **How long.** A request waits for its lock up to the decorator's ``timeout``, else the
   lock's ``TIMEOUT`` setting, else :data:`DEFAULT_TIMEOUT` seconds: a web worker must
   not wait forever unless told to (``timeout=None``).
@@ -32,15 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import logging
 import math
-import secrets
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Union
 
+from ylock import clients
 from ylock import options as opt
 from ylock.engines.base import PERMIT, READ, WRITE
 from ylock.errors import ConfigurationError, EngineUnavailable, LockLost, LockTimeout
@@ -69,17 +66,27 @@ SETTINGS: dict[str, Any] = {
     "LOCKED_STATUS": 423,    # status of the answer when a request cannot get its lock in time
     "RETRY_AFTER": None,     # Retry-After seconds on that answer and on 429s (default: the timeout, at least 1)
     "ON_LOCKED": None,       # callable(request, exc) (or its dotted path) answering instead of a 423
+    "CLIENT_KEY": None,      # who a request without a logged-in user is (ylock.clients): callable(request)
+                             # -> str | None (or its dotted path); None: the Authorization header; False: none
 }
 USER_LOCK_DEFAULTS: dict[str, Any] = {
     "LOCK": "users",         # the named Locks family; one lock per user
     "PATHS": ["/"],          # URL path prefixes that take the lock
     "EXCLUDE": [],           # prefixes that do not (checked first)
     "TIMEOUT": DEFAULT_TIMEOUT,
-    "ANONYMOUS": "session",  # "session": key anonymous visitors by session; "skip": no lock
+    "ANONYMOUS": "session",  # no user, no client key: "session": the session it has (never a new one); "skip": no lock
     "READ_METHODS": list(READ_METHODS),
     "PERMITS": 1,            # requests of one user in flight at once: 1 is the read/write lock,
                              # N > 1 a semaphore of N permits per user (429 beyond)
 }
+
+#: The families this process locks one key at a time (by a URL value, a callable, the user),
+#: with how, as ``@locked``, ``@limited`` and USER_LOCK declared them: their lock names are
+#: unbounded, so :func:`ylock.metrics.keyed_groups` tells the checks not to label them by name.
+KEYED: dict[str, str] = {}
+
+#: The lock name of a logged-in user (kept here too: :mod:`ylock.clients` is its home now).
+user_name = clients.user_name
 
 #: What a request holds: a lock (``@locked``, the per-user lock) or a semaphore's permit
 #: (``@limited``, the per-user lock with PERMITS > 1).
@@ -129,6 +136,7 @@ class WebSettings:
     locked_status: int = 423
     retry_after: int | None = None
     on_locked: Callable[..., Any] | None = None
+    client_key: clients.ClientKey | None = clients.authorization
 
 
 def web_settings(values: Mapping[str, Any], where: Callable[[str], str],
@@ -161,7 +169,8 @@ def web_settings(values: Mapping[str, Any], where: Callable[[str], str],
         locked_status=checked("LOCKED_STATUS", lambda value: opt.number(
             value, where("LOCKED_STATUS"), minimum=400, maximum=599, integer=True, code=opt.E_RESPONSE)),
         retry_after=checked("RETRY_AFTER", retry_after),
-        on_locked=checked("ON_LOCKED", on_locked))
+        on_locked=checked("ON_LOCKED", on_locked),
+        client_key=checked("CLIENT_KEY", lambda value: clients.client_key_setting(value, where("CLIENT_KEY"))))
 
 
 def user_lock_settings(value: Any, where: str) -> UserLock | None:
@@ -185,31 +194,6 @@ def user_lock_settings(value: Any, where: str) -> UserLock | None:
                                                                code=opt.E_USER_LOCK)),
         permits=opt.number(conf["PERMITS"], check % "PERMITS", minimum=1, maximum=1_000_000, integer=True,
                            code=opt.E_USER_LOCK))
-
-
-# -- lock names ---------------------------------------------------------------------------------
-
-
-def user_name(user_id: object) -> str:
-    """The lock name of an authenticated user."""
-    return name_for(f"user-{user_id}")
-
-
-#: The session key under which both plugins keep an anonymous visitor's random id.
-SESSION_KEY = "_ylock_visitor"
-
-
-def new_visitor_id() -> str:
-    """A random id for an anonymous visitor, kept in its session."""
-    return secrets.token_hex(16)
-
-
-def session_name(session_id: str, secret: str | bytes) -> str:
-    """The lock name of an anonymous visitor's session: a keyed hash of its id, so that the
-    id (a credential) never appears where lock names are shown or stored."""
-    key = secret.encode() if isinstance(secret, str) else secret
-    digest = hmac.new(key, b"ylock-session:" + session_id.encode(), hashlib.sha256).hexdigest()
-    return f"session-{digest[:32]}"
 
 
 # -- the answers ---------------------------------------------------------------------------------
@@ -290,6 +274,10 @@ class RequestSpec:
             raise opt.fail(f"{at} key", f"must be a URL argument name, a callable, None (the user) or False "
                            f"(the named {self.kind} itself), got {key!r}", opt.E_LOCK_OPTION)
         self.key = key
+        if key is not False:        # one lock per key: a label by name would grow with the keys
+            how = "the user" if key is None else repr(key) if isinstance(key, str) else getattr(key, "__name__", "...")
+            KEYED.setdefault(self.name, "USER_LOCK (one lock per user)" if at == "USER_LOCK" else
+                             f"{at}({self.name!r}, key={how})")
         self.timeout = timeout if timeout is DEFAULT else opt.timeout(timeout, f"{at} timeout")
         self.status = None if status is None else opt.number(status, f"{at} status", minimum=400, maximum=599,
                                                               integer=True)

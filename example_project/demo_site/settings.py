@@ -64,8 +64,8 @@ if url_from_env("YLOCK_URL"):
 try:
     import prometheus_client  # noqa: F401
 except ImportError:
-    YLOCK["METRICS"] = {"UNTAGGED_GROUPS": ["users"]}
+    YLOCK["METRICS"] = {}
 else:
-    YLOCK["METRICS"] = {"PROMETHEUS": True, "UNTAGGED_GROUPS": ["users"]}
+    YLOCK["METRICS"] = {"PROMETHEUS": True}     # labelled by group, engine, mode, outcome (name="*")
 if url_from_env("INFLUXDB_URL"):
     YLOCK["METRICS"]["INFLUXDB"] = True

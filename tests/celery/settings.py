@@ -26,4 +26,5 @@ ylock = {
 }
 
 if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):     # the worker of test_prometheus_in_a_prefork_pool
-    ylock["METRICS"] = {"PROMETHEUS": True}
+    # the test tells its jobs apart by lock name: the counter group's names are labels (opted in)
+    ylock["METRICS"] = {"PROMETHEUS": True, "TAG_NAMES": ["counter"]}

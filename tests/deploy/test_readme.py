@@ -36,12 +36,18 @@ from mysite import views
 print(json.dumps(conf.current().registry.engines_settings))
 views.Bank().transfer(2, 1)
 views.place_order()
-client = Client(HTTP_HOST="localhost")  # under /api/: the README's per-user middleware, on the session
+# under /api/: the README's per-user middleware, keyed by the API client's token (hashed)
+client = Client(HTTP_HOST="localhost", HTTP_AUTHORIZATION="Token 9944b09199c62bcf9418ad846dd0e4bb")
 first, second = client.get("/api/whoami"), client.get("/api/whoami")
 assert first.status_code == second.status_code == 200, (first.content, second.content)
 assert first.json()["held"] and first.json()["lock"] == second.json()["lock"], first.json()
-assert first.json()["lock"].startswith("users/session-"), first.json()
+assert first.json()["lock"].startswith("users/client-") and "9944b0" not in first.json()["lock"], first.json()
 assert first.json()["owner"] != second.json()["owner"]
+assert not first.cookies and not client.cookies              # no session for an API client
+anonymous = Client(HTTP_HOST="localhost").get("/api/whoami")  # nothing identifies it: no lock
+assert anonymous.status_code == 200 and anonymous.json()["lock"] is None, anonymous.json()
+from django.contrib.sessions.models import Session
+assert Session.objects.count() == 0
 print("ran")
 """
 

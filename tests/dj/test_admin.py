@@ -254,6 +254,12 @@ def test_release_a_lock_that_another_process_holds(admin_site: object, browser: 
     assert not export.find_elements(By.CSS_SELECTOR, ".ylock-stale")
     stale = found[f"lock {group}/cache-warmup"].find_element(By.CSS_SELECTOR, ".ylock-stale-note").text
     assert f"process {crashed.pid} is gone from this host" in stale and "its lease frees it in" in stale
+    # the STALE badge says it once: the engine's "stale" flag is not shown again as a field
+    stale_holder = found[f"lock {group}/cache-warmup"].find_element(By.CSS_SELECTOR, ".ylock-holders").text
+    assert "stale=" not in stale_holder and "stale=True" not in browser.page_source, stale_holder
+    assert browser.find_element(By.CSS_SELECTOR, ".ylock-stale-legend").is_displayed()   # a stale row: its legend
+    assert len(token) >= 16                                     # Redis tokens: what must fit on one line
+    assert_one_line(browser, export.find_element(By.CSS_SELECTOR, ".ylock-token"))
     sem = found[f"semaphore {group}/thumbnails"]
     assert sem.find_element(By.CSS_SELECTOR, ".ylock-permits").text == "2 of 3 permits taken"
     assert sem.find_element(By.CSS_SELECTOR, ".ylock-holders").text.count("resize images") == 2
@@ -286,6 +292,16 @@ def test_release_a_lock_that_another_process_holds(admin_site: object, browser: 
     assert entry.change_message.endswith(f", token {token}.")
     browser.get(f"{admin_site}/admin/")
     assert entry.object_repr in browser.find_element(By.ID, "recent-actions-module").text
+
+
+def assert_one_line(browser: webdriver.Chrome, cell: WebElement) -> None:
+    """``cell``'s text is on one line and shown whole (not wrapped, not cut by an ellipsis)."""
+    tops, cut = browser.execute_script(
+        "const r = document.createRange(); r.selectNodeContents(arguments[0]);"
+        "return [new Set([...r.getClientRects()].map(x => Math.round(x.top))).size,"
+        "        arguments[0].scrollWidth > arguments[0].clientWidth];", cell)
+    assert tops == 1, f"{cell.text!r} is wrapped over {tops} lines"
+    assert not cut, f"{cell.text!r} is cut off"
 
 
 def page(browser: webdriver.Chrome, selector: str, timeout: float = 10.0) -> WebElement:
@@ -329,6 +345,9 @@ def test_release_needs_the_permission(admin_site: object, browser: webdriver.Chr
         row = rows(browser)[f"lock {group}/orders"]
         assert "checkout" in row.text
         assert not browser.find_elements(By.CSS_SELECTOR, "a.ylock-release")
+        # nothing stale on the page: no STALE badge, and no legend explaining one
+        assert not browser.find_elements(By.CSS_SELECTOR, ".ylock-stale, .ylock-stale-legend")
+        assert "stale" not in browser.find_element(By.ID, "content-main").text.lower()
         browser.get(f"{admin_site}{release}")
         assert "403" in browser.title or "Forbidden" in browser.page_source
 
@@ -386,6 +405,10 @@ def test_release_buttons_fit_a_1400_px_window(admin_site: object, browser: webdr
                 "return [...document.querySelectorAll('.ylock-engine .results')]"
                 ".filter(e => e.scrollWidth > e.clientWidth).length")
             assert scrolled == 0, "a table scrolls sideways"
+            tokens = browser.find_elements(By.CSS_SELECTOR, "td.ylock-token")
+            assert len(tokens) == len(doing) and all(len(t.text) >= 16 for t in tokens), [t.text for t in tokens]
+            for cell in tokens:                                 # a token is read whole: never wrapped
+                assert_one_line(browser, cell)
             for what in (long_what.strip(), unbroken):        # the whole text is there, if wrapped
                 assert browser.find_elements(By.CSS_SELECTOR, f'.ylock-what[title="{what}"]'), what
             browser.save_screenshot(str(tmp_path / "admin-1400.png"))

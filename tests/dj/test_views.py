@@ -224,13 +224,33 @@ def test_middleware_serialises_one_user_and_shares_reads(user_lock, django_user_
         runner.outcome()
 
 
-def test_middleware_keys_anonymous_users_by_session_or_skips(settings, user_lock):
-    client = Client()
-    assert client.post("/api/plain/").status_code == 200
-    session_key = client.cookies["sessionid"].value
-    assert session_key
-    settings.YLOCK = {**settings.YLOCK, "USER_LOCK": {**settings.YLOCK["USER_LOCK"], "ANONYMOUS": "skip"}}
-    assert Client().post("/api/plain/").status_code == 200
+def test_middleware_keys_api_clients_by_their_credential_and_makes_no_session(settings, user_lock):
+    """A cookie-less client is its Authorization credential (hashed): a request with a token
+    whose lock is held waits (423 here), one with another token runs; an anonymous request
+    with nothing that identifies it takes no lock; no answer sets a session cookie.
+    CLIENT_KEY changes what identifies a client, False turns it off."""
+    from ylock.clients import client_name, header
+
+    alice = client_name("Token alice-3c9", settings.SECRET_KEY)
+    _, done, runner = held_elsewhere("users", alice)
+    try:
+        for token, status in (("alice-3c9", 423), ("bob-77a", 200), (None, 200)):
+            client = Client(**({"HTTP_AUTHORIZATION": f"Token {token}"} if token else {}))
+            response = client.post("/api/plain/")
+            assert response.status_code == status, (token, response.content)
+            assert "sessionid" not in response.cookies and not client.cookies, response.cookies
+        settings.YLOCK = {**settings.YLOCK, "CLIENT_KEY": False}
+        assert Client(HTTP_AUTHORIZATION="Token alice-3c9").post("/api/plain/").status_code == 200   # not keyed
+        settings.YLOCK = {**settings.YLOCK, "CLIENT_KEY": header("X-Api-Key")}
+        assert Client(HTTP_X_API_KEY="k-1").post("/api/plain/").status_code == 200
+        assert Client(HTTP_X_API_KEY="Token alice-3c9").post("/api/plain/").status_code == 423   # same value
+    finally:
+        done.set()
+        runner.outcome()
+    settings.YLOCK = {**settings.YLOCK, "CLIENT_KEY": "no.such.key_function"}
+    from django_ylock import conf
+
+    assert [p.problem for p in conf.current().problems if "CLIENT_KEY" in p.problem]
 
 
 @pytest.mark.django_db
@@ -295,9 +315,40 @@ def test_prometheus_metrics_view(settings, redis_server, client: Client):
         response = client.get("/metrics")
         assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
         text = response.content.decode()
-        assert ('djylock_events_total{engine="redis",group="accounts",mode="write",name="5",outcome="acquired"} 1.0'
+        # keyed by account: labelled name="*" (lock names are labels only in groups opted in)
+        assert ('djylock_events_total{engine="redis",group="accounts",mode="write",name="*",outcome="acquired"} 1.0'
                 in text)
-        assert 'djylock_hold_seconds_count{engine="redis",group="accounts",mode="write",name="5"} 1.0' in text
+        assert 'djylock_hold_seconds_count{engine="redis",group="accounts",mode="write",name="*"} 1.0' in text
+        assert 'name="5"' not in text
     finally:
         import ylock.metrics
         ylock.metrics.shutdown()
+
+
+def key_off_the_loop(request) -> str | None:  # noqa: ANN001
+    """A CLIENT_KEY that may block (a database lookup): it must not run in the event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return request.headers.get("X-Api-Key")
+    raise AssertionError("a CLIENT_KEY that may block ran in the event loop")
+
+
+def test_async_middleware_keys_api_clients_by_their_credential(settings, user_lock, async_client: AsyncClient):
+    """The async stack keys a cookie-less client as the sync one does, reading the user and
+    the session through Django's async API; a CLIENT_KEY that may block runs in a thread."""
+    from ylock.clients import client_name
+
+    async def post(**headers: str) -> int:
+        return (await async_client.post("/api/plain/", headers=headers)).status_code
+    _, done, runner = held_elsewhere("users", client_name("Token alice-3c9", settings.SECRET_KEY))
+    try:
+        assert asyncio.run(post(Authorization="Token alice-3c9")) == 423
+        assert asyncio.run(post(Authorization="Token bob-77a")) == 200
+        assert asyncio.run(post()) == 200                          # nothing identifies it: no lock
+        settings.YLOCK = {**settings.YLOCK, "CLIENT_KEY": key_off_the_loop}
+        assert asyncio.run(post(**{"X-Api-Key": "Token alice-3c9"})) == 423
+        assert asyncio.run(post(**{"X-Api-Key": "k-2"})) == 200
+    finally:
+        done.set()
+        runner.outcome()

@@ -9,6 +9,7 @@ from flask import Flask
 from flask_ylock import YLock
 from tests.flask.conftest import Gate
 from tests.helpers import Runner, wait_until
+from ylock import clients as ylock_clients
 from ylock.testing import free_port
 
 
@@ -121,21 +122,39 @@ def test_an_unreachable_engine_answers_503(make_app) -> None:
     assert response.json["error"] == "lock engine unavailable"
 
 
-def test_the_key_defaults_to_the_session_user(make_app, gate: Gate) -> None:
+def test_the_key_defaults_to_who_sent_the_request(make_app, gate: Gate) -> None:
+    """key=None: a client's Authorization credential, hashed (no session is written); a
+    request with no credential and no session takes no lock; YLOCK_CLIENT_KEY replaces the
+    credential (here an API key header), and False turns it off."""
     app, ylock = make_app()
 
     @app.post("/profile")
     @ylock.locked("users", timeout=0)
     def profile() -> dict[str, object]:
-        with app.app_context():
-            pass
         return {"holders": [i.name for i in ylock.locks("users").engine.describe(ylock.locks("users").group)]}
 
-    alice, bob = app.test_client(), app.test_client()
-    first = alice.post("/profile").json["holders"]
-    assert len(first) == 1 and first[0].startswith("session-")
-    assert alice.post("/profile").json["holders"] == first          # same session, same lock
-    assert bob.post("/profile").json["holders"] != first             # another session, another lock
+    alice, bob, nobody = (app.test_client(use_cookies=False) for _ in range(3))
+    alice.environ_base["HTTP_AUTHORIZATION"] = "Bearer alice-secret"
+    bob.environ_base["HTTP_AUTHORIZATION"] = "Bearer bob-secret"
+    answer = alice.post("/profile")
+    first = answer.json["holders"]
+    assert len(first) == 1 and first[0].startswith("client-") and "alice" not in first[0]
+    assert "Set-Cookie" not in answer.headers                         # no session made for it
+    assert alice.post("/profile").json["holders"] == first          # same token, same lock
+    assert bob.post("/profile").json["holders"] not in ([], first)   # another token, another lock
+    assert nobody.post("/profile").json["holders"] == []             # nothing identifies it: no lock
+
+    keyed_app, keyed = make_app(YLOCK_CLIENT_KEY=ylock_clients.header("X-Api-Key"))
+
+    @keyed_app.post("/profile")
+    @keyed.locked("users", timeout=0)
+    def keyed_profile() -> dict[str, object]:
+        return {"holders": [i.name for i in keyed.locks("users").engine.describe(keyed.locks("users").group)]}
+
+    client = keyed_app.test_client(use_cookies=False)
+    by_key = client.post("/profile", headers={"X-Api-Key": "k-1"}).json["holders"]
+    assert len(by_key) == 1 and by_key[0].startswith("client-")
+    assert client.post("/profile", headers={"Authorization": "Bearer alice-secret"}).json["holders"] == []
 
 
 def test_retry_after_can_be_configured(make_app) -> None:

@@ -40,16 +40,19 @@ def user_app(make_app, gate: Gate, **config) -> tuple[Flask, YLock]:
     return app, ext
 
 
-def session_cookie(server) -> dict[str, str]:
-    """Start a session with the server and return the Cookie header that carries it."""
-    _, headers, _ = server.request("GET", "/api/quick")
-    return {"Cookie": headers["Set-Cookie"].split(";")[0]}
+def token(server, name: str) -> dict[str, str]:
+    """The headers of an API client with its own token (no cookie); its first request gets
+    no session cookie back: the per-user hook never writes the session."""
+    headers = {"Authorization": f"Bearer {name}-7d1e"}
+    status, answer, _ = server.request("GET", "/api/quick", headers)
+    assert status == 200 and "Set-Cookie" not in answer, answer
+    return headers
 
 
 def test_a_user_writing_blocks_that_user_only(make_app, live, gate: Gate) -> None:
     app, _ = user_app(make_app, gate)
     server = live(app)
-    alice, bob = session_cookie(server), session_cookie(server)
+    alice, bob = token(server, "alice"), token(server, "bob")
     assert alice != bob
     writing = Runner(lambda: server.request("POST", "/api/work", alice))
     writing.start()
@@ -67,7 +70,7 @@ def test_a_user_writing_blocks_that_user_only(make_app, live, gate: Gate) -> Non
 def test_safe_requests_of_one_user_share_a_read_lock(make_app, live, gate: Gate) -> None:
     app, _ = user_app(make_app, gate)
     server = live(app)
-    alice = session_cookie(server)
+    alice = token(server, "alice")
     reading = Runner(lambda: server.request("GET", "/api/work", alice))
     reading.start()
     assert gate.entered.wait(10)

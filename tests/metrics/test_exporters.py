@@ -46,7 +46,7 @@ def test_prometheus_counts_events_and_observes_spans(group: str) -> None:
     metrics = ylock.metrics.configure({"PROMETHEUS": {"NAMESPACE": "locks"}})
     contend(ylock.engine_from_url("local://"), group)
     registry = metrics.prometheus.registry
-    labels = {"group": group, "name": "global", "engine": "local", "mode": "write"}
+    labels = {"group": group, "name": "*", "engine": "local", "mode": "write"}      # names: not by default
     assert registry.get_sample_value("locks_events_total", {**labels, "outcome": "acquired"}) == 1
     assert registry.get_sample_value("locks_events_total", {**labels, "outcome": "timed_out"}) == 1
     assert registry.get_sample_value("locks_events_total", {**labels, "mode": "read", "outcome": "released"}) == 1
@@ -68,7 +68,63 @@ def test_prometheus_on_the_default_registry_is_built_once(group: str) -> None:
         pass
     assert prometheus_client.REGISTRY.get_sample_value(
         "ylock_default_events_total",
-        {"group": group, "name": "global", "engine": "local", "mode": "write", "outcome": "released"}) == 1
+        {"group": group, "name": "*", "engine": "local", "mode": "write", "outcome": "released"}) == 1
+
+
+def test_lock_names_are_labels_only_where_opted_in_and_bounded(group: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Labels are bounded by default: every name of a group is ``name="*"``, so 300 names make
+    the series of one. ``TAG_NAMES`` lists the groups whose names are labels, each up to
+    ``MAX_NAMES`` names per process (then ``*``, and one warning); ``UNTAGGED_GROUPS`` wins."""
+    engine = ylock.engine_from_url("local://")
+    fixed, family, quiet = group + "-orders", group + "-users", group + "-quiet"
+
+    def series(registry: object, in_group: str) -> set[tuple[str, ...]]:
+        return {tuple(sorted(s.labels.items())) for metric in registry.collect()  # type: ignore[attr-defined]
+                for s in metric.samples if s.labels.get("group") == in_group}
+    metrics = ylock.metrics.configure({"PROMETHEUS": {"NAMESPACE": "bounded"}})
+    users = ylock.Locks(engine, family)
+    for n in range(300):
+        with users.write(f"user-{n}"):
+            pass
+    bounded = series(metrics.prometheus.registry, family)
+    assert bounded and {dict(s)["name"] for s in bounded} == {"*"}
+    ylock.metrics.shutdown()
+
+    metrics = ylock.metrics.configure({"PROMETHEUS": {"NAMESPACE": "named"}, "MAX_NAMES": 3,
+                                       "TAG_NAMES": [fixed, family, quiet], "UNTAGGED_GROUPS": [quiet]})
+    orders, users, other = ylock.Locks(engine, fixed), ylock.Locks(engine, family), ylock.Locks(engine, quiet)
+    with caplog.at_level("WARNING", logger="ylock.metrics"):
+        for name in ("eu", "us", "eu"):
+            with orders.write(name):
+                pass
+        for n in range(5):
+            with users.write(f"user-{n}"), other.write(f"user-{n}"):
+                pass
+    registry = metrics.prometheus.registry
+    assert {dict(s)["name"] for s in series(registry, fixed)} == {"eu", "us"}
+    assert {dict(s)["name"] for s in series(registry, family)} == {"user-0", "user-1", "user-2", "*"}   # capped
+    assert {dict(s)["name"] for s in series(registry, quiet)} == {"*"}
+    assert registry.get_sample_value("named_events_total", {"group": family, "name": "*", "engine": "local",
+                                                            "mode": "write", "outcome": "acquired"}) == 2
+    capped = [r.getMessage() for r in caplog.records if "more than 3 lock names" in r.getMessage()]
+    assert len(capped) == 1 and repr(family) in capped[0]
+
+
+def test_unbounded_label_settings_are_named() -> None:
+    keyed = {"users": "USER_LOCK (one lock per user)", "accounts": "@locked('accounts', key='account_id')"}
+    prom = {"PROMETHEUS": True}
+    assert ylock.metrics.unbounded(prom, keyed) == []                             # the default: bounded
+    assert ylock.metrics.unbounded({**prom, "TAG_NAMES": ["orders"]}, keyed) == []
+    assert ylock.metrics.unbounded({"TAG_NAMES": True}, keyed) == []              # no exporter: no labels
+    [every] = ylock.metrics.unbounded({**prom, "TAG_NAMES": True}, keyed, setting="YLOCK['METRICS']")
+    assert every.code == "W007" and every.problem.startswith("YLOCK['METRICS']['TAG_NAMES'] is True")
+    assert "'users' by USER_LOCK" in every.problem and "'accounts' by @locked" in every.problem
+    listed = ylock.metrics.unbounded({**prom, "TAG_NAMES": ["orders", "users", "accounts"],
+                                      "UNTAGGED_GROUPS": ["accounts"]}, keyed, setting="YLOCK_METRICS")
+    assert [w.problem for w in listed] == [
+        "YLOCK_METRICS['TAG_NAMES'] lists 'users', whose locks are keyed by USER_LOCK (one lock per user): one "
+        "set of series per key, without bound"]
+    assert "leave 'users' out of it" in listed[0].hint
 
 
 def test_user_exporters_run_off_the_lock_path(group: str) -> None:
@@ -150,7 +206,9 @@ def test_the_aggregator_is_thread_safe() -> None:
     ({"EXPORTERS": "a.b"}, r"METRICS\['EXPORTERS'\] must be a list"),
     ({"EXPORTERS": ["nowhere.export"]}, r"'nowhere.export' cannot be imported"),
     ({"PROMETHEUS": {"REGISTRY": "mine"}}, r"\['REGISTRY'\] must be one of 'own', 'default'"),
-    ({"TAG_NAMES": "no"}, r"\['TAG_NAMES'\] must be True or False"),
+    ({"TAG_NAMES": "orders"}, r"\['TAG_NAMES'\] must be a list of the lock groups whose names are tagged"),
+    ({"TAG_NAMES": ["a/b"]}, r"\['TAG_NAMES'\] lists an invalid group"),
+    ({"MAX_NAMES": 0}, r"\['MAX_NAMES'\] must be a whole number >= 1"),
     ({"UNTAGGED_GROUPS": "users"}, r"\['UNTAGGED_GROUPS'\] must be a list"),
 ])
 def test_invalid_settings_name_the_setting(config: dict[str, object], message: str) -> None:

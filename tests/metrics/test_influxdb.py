@@ -33,7 +33,8 @@ def by_name(series: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[dic
 
 
 def test_points_read_back_with_their_tags_and_values(victoria_metrics: VictoriaMetrics, group: str) -> None:
-    metrics = ylock.metrics.configure({"INFLUXDB": influx(victoria_metrics.url, TAGS={"host": "web-1"})})
+    metrics = ylock.metrics.configure({"INFLUXDB": influx(victoria_metrics.url, TAGS={"host": "web-1"}),
+                                       "TAG_NAMES": [group]})       # this group's names are few: tag them
     engine = ylock.engine_from_url("local://")
     lock = ylock.Lock(engine, group, "invoice-7")
     with collect() as seen:
@@ -71,10 +72,12 @@ def test_points_read_back_with_their_tags_and_values(victoria_metrics: VictoriaM
     assert release["values"] == [pytest.approx(released.release, rel=1e-6)]
 
 
-def test_lock_names_can_be_left_out_of_the_tags(victoria_metrics: VictoriaMetrics, group: str) -> None:
+def test_lock_names_are_tags_only_where_opted_in(victoria_metrics: VictoriaMetrics, group: str) -> None:
+    """The same rule as Prometheus's labels: a tag set is a series, so names are tags only in
+    the groups TAG_NAMES lists (a per-user family: by default, ``name="*"``)."""
     users = group + "u"
     metrics = ylock.metrics.configure({"INFLUXDB": influx(victoria_metrics.url, MEASUREMENT="locks"),
-                                       "UNTAGGED_GROUPS": [users]})
+                                       "TAG_NAMES": [group]})
     engine = ylock.engine_from_url("local://")
     for i in range(20):
         with ylock.Locks(engine, users).write(f"user-{i}"):
@@ -232,7 +235,7 @@ def test_closing_flushes_what_is_buffered(victoria_metrics: VictoriaMetrics, gro
 
 def test_lost_locks_on_redis_are_exported(victoria_metrics: VictoriaMetrics, redis_engine: ylock.Engine,
                                           group: str) -> None:
-    metrics = ylock.metrics.configure({"INFLUXDB": influx(victoria_metrics.url)})
+    metrics = ylock.metrics.configure({"INFLUXDB": influx(victoria_metrics.url), "TAG_NAMES": [group]})
     lock = ylock.Lock(redis_engine, group, "ledger")
     lock.lock(timeout=5)
     assert redis_engine.force_release(group, "ledger")   # an operator's `ylock release`

@@ -4,6 +4,7 @@ write to a real InfluxDB v2 endpoint (VictoriaMetrics) read back with the right 
 values."""
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -44,7 +45,8 @@ def test_a_django_app_exports_its_views_locks(settings, redis_server: RedisServe
         assert client.post("/transfer/7/").status_code == 200
         assert client.get("/balance/7/").status_code == 200
     ylock.metrics.shutdown(timeout=10)          # flushes the batching writer
-    check_series(victoria_metrics, group, "django", [e for e in seen if e.group == group], "7")
+    # keyed by account: one lock per account, labelled name="*" (bounded by default)
+    check_series(victoria_metrics, group, "django", [e for e in seen if e.group == group], "*")
 
 
 def test_a_flask_app_exports_its_views_locks(redis_server: RedisServer, victoria_metrics: VictoriaMetrics,
@@ -72,4 +74,52 @@ def test_a_flask_app_exports_its_views_locks(redis_server: RedisServer, victoria
         assert client.post("/transfer/9").status_code == 200
         assert client.get("/balance/9").status_code == 200
     ylock.metrics.shutdown(timeout=10)
-    check_series(victoria_metrics, group, "flask", [e for e in seen if e.group == group], "9")
+    check_series(victoria_metrics, group, "flask", [e for e in seen if e.group == group], "*")
+
+
+def test_django_check_warns_about_labels_that_grow_without_bound(settings) -> None:
+    """``manage.py check``: W007 for TAG_NAMES True, and for a listed group that USER_LOCK or a
+    keyed ``@locked`` view takes one key at a time; nothing for the default or a fixed group."""
+    from django.core import checks
+
+    def warnings_for(metrics: dict[str, Any]) -> list[checks.CheckMessage]:
+        settings.YLOCK = {"ENGINES": {"default": {"URL": "local://"}}, "METRICS": metrics,
+                          "USER_LOCK": {"LOCK": "users", "PATHS": ["/api/"]}}
+        return [m for m in checks.run_checks(tags=["ylock"]) if m.id == "django_ylock.W007"]
+
+    assert warnings_for({"PROMETHEUS": True}) == []
+    assert warnings_for({"PROMETHEUS": True, "TAG_NAMES": ["regions-w005"]}) == []   # a group of few names
+    [every] = warnings_for({"PROMETHEUS": True, "TAG_NAMES": True})
+    assert every.level == checks.WARNING and "YLOCK['METRICS']['TAG_NAMES'] is True" in every.msg
+    listed = warnings_for({"PROMETHEUS": True, "TAG_NAMES": ["users", "accounts", "regions-w005"]})
+    # tests/dj/views.py (the URLconf's): @locked("accounts", key="account_id")
+    assert [m.msg.split(",")[0] for m in listed] == ["YLOCK['METRICS']['TAG_NAMES'] lists 'users'",
+                                                     "YLOCK['METRICS']['TAG_NAMES'] lists 'accounts'"]
+    assert "USER_LOCK (one lock per user)" in listed[0].msg and "@locked('accounts', key=" in listed[1].msg
+    assert all(m.hint and "few and fixed" in m.hint for m in [every, *listed])
+
+
+def test_flask_warns_at_startup_about_labels_that_grow_without_bound(tmp_path: Any) -> None:
+    from flask_ylock import YLock
+
+    def start(metrics: dict[str, Any]) -> list[str]:
+        ext = YLock()
+        app = Flask("labels", instance_path=str(tmp_path))
+        app.config.update(YLOCK_URL="local://", YLOCK_METRICS=metrics, YLOCK_USER_LOCK={"LOCK": "visitors"})
+
+        @app.post("/orders/<int:order_id>")
+        @ext.locked("orders", key="order_id")
+        def order(order_id: int) -> str:
+            return "ok"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ext.init_app(app)
+        ylock.metrics.shutdown()
+        return [str(w.message) for w in caught if w.category is ylock.metrics.UnboundedLabelsWarning]
+
+    assert start({"PROMETHEUS": True}) == []
+    [every] = start({"PROMETHEUS": True, "TAG_NAMES": True})
+    assert every.startswith("YLOCK_METRICS['TAG_NAMES'] is True") and "few and fixed" in every
+    listed = start({"PROMETHEUS": True, "TAG_NAMES": ["orders", "visitors", "regions-w005"]})
+    assert [w.split(",")[0] for w in listed] == ["YLOCK_METRICS['TAG_NAMES'] lists 'orders'",
+                                                 "YLOCK_METRICS['TAG_NAMES'] lists 'visitors'"]

@@ -116,7 +116,7 @@ def test_the_default_registry_takes_the_metrics_again_after_shutdown(group: str)
     import prometheus_client
 
     config = {"PROMETHEUS": {"REGISTRY": "default", "NAMESPACE": "ylock_again"}}
-    labels = {"group": group, "name": "global", "engine": "local", "mode": "write", "outcome": "acquired"}
+    labels = {"group": group, "name": "*", "engine": "local", "mode": "write", "outcome": "acquired"}
     engine = ylock.engine_from_url("local://")
     for expected in (1, 2):
         ylock.metrics.configure(config)
@@ -140,7 +140,7 @@ def test_a_batch_lands_in_the_buckets_observe_would_choose(group: str) -> None:
     reference = Histogram("reference", "", registry=CollectorRegistry(), buckets=prometheus.BUCKETS)
     for wait in waits:
         reference.observe(wait)
-    labels = {"group": group, "name": "global", "engine": "redis", "mode": "write", "outcome": "acquired"}
+    labels = {"group": group, "name": "*", "engine": "redis", "mode": "write", "outcome": "acquired"}
     for bound in [*prometheus.BUCKETS, float("inf")]:
         le = "+Inf" if bound == float("inf") else repr(bound)
         assert exporter.registry.get_sample_value("ylock_wait_seconds_bucket", {**labels, "le": le}) == \

@@ -36,7 +36,7 @@ def url(redis_server: Any, group: str) -> Iterator[str]:
 def dj(settings: Any, url: str) -> Client:
     settings.ROOT_URLCONF = "tests.web.keys_urls"
     settings.YLOCK = {"ENGINES": {"default": {"URL": url}}, "LOCKS": LOCKS}
-    return Client()
+    return Client(HTTP_AUTHORIZATION="Token alice")    # an API client: no cookie, a token
 
 
 def held_alone(body: dict[str, Any], group: str, name: str, kind: str = "Lock") -> None:
@@ -58,7 +58,7 @@ def test_django_views_reach_the_requests_lock(dj: Client, path: str) -> None:
 def test_django_user_key_and_limited_views_reach_theirs(dj: Client) -> None:
     body = dj.post("/u").json()
     held_alone(body, "profiles", body["name"])
-    assert body["name"].startswith("session-")
+    assert body["name"].startswith("client-") and "alice" not in body["name"]
     held_alone(dj.post("/l/7").json(), "exports", "7", kind="Semaphore")
 
 
@@ -70,7 +70,7 @@ def test_django_nested_decorators_and_the_user_lock_by_name(dj: Client, settings
     held_alone(body["profiles"], "profiles", body["profiles"]["name"])
     held_alone(body["users"], "users", body["profiles"]["name"])     # the middleware's: the same user
     me = dj.get("/api/me").json()                            # the middleware's lock alone (read: GET)
-    assert (me["kind"], me["group"], me["held"]) == ("Lock", "users", True) and me["name"].startswith("session-")
+    assert (me["kind"], me["group"], me["held"]) == ("Lock", "users", True) and me["name"].startswith("client-")
 
 
 def test_django_a_request_holding_nothing_is_told_so(dj: Client) -> None:
@@ -152,8 +152,10 @@ def test_flask_views_reach_the_requests_lock(url: str, tmp_path: Any, path: str)
 
 def test_flask_user_key_limited_nested_and_nothing_held(url: str, tmp_path: Any) -> None:
     client = flask_app(url, tmp_path).test_client()
+    client.environ_base["HTTP_AUTHORIZATION"] = "Token alice"      # an API client: no cookie, a token
     body = client.post("/u").json
     held_alone(body, "profiles", body["name"])
+    assert body["name"].startswith("client-") and "alice" not in body["name"]
     held_alone(client.post("/l/7").json, "exports", "7", kind="Semaphore")
     nested = client.post("/n/7").json
     held_alone(nested["inner"], "accounts", "7")

@@ -34,6 +34,18 @@ class Plugin:
     def session(self) -> Any:
         raise NotImplementedError
 
+    def client(self, token: str | None) -> Any:
+        """A client that sends no cookie back and, given ``token``, ``Authorization: Token <token>``."""
+        raise NotImplementedError
+
+    def post(self, client: Any, path: str) -> tuple[int, list[str]]:
+        """POST ``path``: the status and the ``Set-Cookie`` headers of the answer."""
+        raise NotImplementedError
+
+    def start_session(self, client: Any) -> dict[str, Any]:
+        """Give ``client`` a session as the app would (a login, a cart); return its contents."""
+        raise NotImplementedError
+
 
 class DjangoPlugin(Plugin):
     name = "django"
@@ -45,6 +57,22 @@ class DjangoPlugin(Plugin):
 
     def session(self) -> Client:
         return Client()
+
+    def client(self, token: str | None) -> Client:
+        return Client(**({"HTTP_AUTHORIZATION": f"Token {token}"} if token else {}))
+
+    def post(self, client: Any, path: str) -> tuple[int, list[str]]:
+        response = client.post(path)
+        client.cookies.clear()                  # an API client: it never sends a cookie back
+        return response.status_code, [str(c) for c in response.cookies.values()]
+
+    def start_session(self, client: Any) -> dict[str, Any]:
+        # A server-side session (the cache backend here; the database's is Django's default):
+        # its key is random, unlike a signed cookie's, whose key is its data.
+        session = client.session
+        session["cart"] = [7]
+        session.save()
+        return dict(client.session.items())
 
     def request(self, method: str, path: str, session: Any = None) -> tuple[int, str, dict[str, str], Any]:
         client = session or Client()
@@ -106,6 +134,24 @@ class FlaskPlugin(Plugin):
 
     def session(self) -> Any:
         return self.app.test_client()
+
+    def client(self, token: str | None) -> Any:
+        client = self.app.test_client(use_cookies=False)
+        if token:
+            client.environ_base["HTTP_AUTHORIZATION"] = f"Token {token}"
+        return client
+
+    def post(self, client: Any, path: str) -> tuple[int, list[str]]:
+        response = client.post(path)
+        return response.status_code, response.headers.getlist("Set-Cookie")
+
+    def start_session(self, client: Any) -> dict[str, Any]:
+        # Flask's cookie sessions have no id: what keys a visitor is the id an earlier
+        # release of ylock kept there (a server-side session's sid would do too).
+        with client.session_transaction() as session:
+            session["_ylock_visitor"] = f"v-{id(client)}"
+            session["cart"] = [7]
+            return dict(session)
 
     def request(self, method: str, path: str, session: Any = None) -> tuple[int, str, dict[str, str], Any]:
         client = session or self.app.test_client()
@@ -223,7 +269,31 @@ def test_an_unreachable_engine_answers_503_without_its_address(plugin: Plugin, s
         assert str(port) not in str(body)
 
 
-def test_anonymous_visitors_are_locked_by_a_hash_of_their_session(plugin: Plugin) -> None:
+def test_api_clients_are_locked_by_a_hash_of_their_credential(plugin: Plugin) -> None:
+    """A cookie-less client (curl, a token-authenticated app) is keyed by its Authorization
+    header, hashed: one lock per token; an anonymous request with no credential and no
+    session takes no lock. No answer sets a cookie: no session is created for it."""
+    names: list[str] = []
+
+    def seen(event: ylock.events.Event) -> None:
+        if event.kind == "acquired" and event.group == "profiles":
+            names.append(event.name)
+    ylock.events.subscribe(seen)
+    try:
+        answers = [plugin.post(plugin.client(token), "/profile") for token in ("alice-9f2", "alice-9f2", "bob-41c",
+                                                                               None)]
+    finally:
+        ylock.events.unsubscribe(seen)
+    assert answers == [(200, [])] * 4                           # no Set-Cookie: no session made
+    assert len(names) == 3 and names[0] == names[1] != names[2]   # one lock per token; none without one
+    assert all(n.startswith("client-") and len(n) == len("client-") + 32 for n in names)
+    assert not [n for n in names if "alice" in n or "bob" in n]     # the credential never shows
+
+
+def test_a_visitor_with_a_session_is_locked_by_a_hash_of_it(plugin: Plugin, settings: Any) -> None:
+    """A browser visitor whose session the app made (a login, a cart) keeps one lock for it;
+    ylock reads the session, it never writes it."""
+    settings.SESSION_ENGINE = "django.contrib.sessions.backends.cache"
     names: list[str] = []
 
     def seen(event: ylock.events.Event) -> None:
@@ -232,11 +302,17 @@ def test_anonymous_visitors_are_locked_by_a_hash_of_their_session(plugin: Plugin
     ylock.events.subscribe(seen)
     try:
         one, two = plugin.session(), plugin.session()
+        contents = [plugin.start_session(session) for session in (one, two)]
         for session in (one, one, two):
-            assert plugin.request("POST", "/profile", session)[0] == 200
+            if plugin.name == "flask":
+                assert plugin.post(session, "/profile") == (200, [])  # the session is not rewritten
+            else:
+                assert plugin.request("POST", "/profile", session)[0] == 200
     finally:
         ylock.events.unsubscribe(seen)
-    assert names[0] == names[1] != names[2]                    # one lock per session
+    assert len(names) == 3 and names[0] == names[1] != names[2]     # one lock per session
+    if plugin.name == "django":
+        assert dict(one.session.items()) == contents[0]              # read, not written
     assert all(n.startswith("session-") and len(n) == len("session-") + 32 for n in names)
     if plugin.name == "django":
         raw = one.cookies["sessionid"].value

@@ -21,7 +21,7 @@ Flask's ``YLOCK_METRICS``::
         "INFLUXDB": {"URL": "http://influx:8086", "TOKEN": "...", "ORG": "acme", "BUCKET": "locks"},
         "PROMETHEUS": True,
         "EXPORTERS": ["myapp.metrics.forward"],
-        "TAG_NAMES": True, "UNTAGGED_GROUPS": ["users"],   # no per-user series
+        "TAG_NAMES": ["orders"],                           # name="*" in every other group
         "STATS_PERIOD": 5, "STATS_TTL": 60,                # publish for `ylock stats` (None: don't)
     })
 
@@ -45,17 +45,30 @@ from ylock.errors import ConfigurationError
 from ylock.metrics.aggregator import Aggregator
 from ylock.metrics.background import Shipper, live_shippers
 from ylock.metrics.shared import Publisher
-from ylock.metrics.tags import ANY_NAME, Tagging
+from ylock.metrics.tags import (
+    ANY_NAME,
+    MAX_NAMES,
+    W_UNBOUNDED,
+    Tagging,
+    UnboundedLabelsWarning,
+    keyed_groups,
+    unbounded_labels,
+)
+from ylock.names import check_group
 from ylock.owner import after_fork as _after_fork
 
-__all__ = ["configure", "validate", "stats", "shutdown", "Metrics", "Aggregator", "Tagging", "Shipper",
-           "AGGREGATOR", "PUBLISHER", "Publisher", "ANY_NAME", "KEYS"]
+__all__ = ["configure", "validate", "stats", "shutdown", "unbounded", "unbounded_labels", "keyed_groups", "Metrics",
+           "Aggregator",
+           "Tagging", "Shipper", "AGGREGATOR", "PUBLISHER", "Publisher", "ANY_NAME", "KEYS", "W_UNBOUNDED",
+           "UnboundedLabelsWarning"]
 
 #: Every key of a ``METRICS`` dict, with its default.
 KEYS: dict[str, Any] = {
     "STATS": True,            # keep the in-memory aggregator behind `ylock stats`
-    "TAG_NAMES": True,        # tag points with the lock name ...
-    "UNTAGGED_GROUPS": [],    # ... except in these groups (fine-grained families): name="*"
+    "TAG_NAMES": False,       # tag points with the lock name in these groups (few, fixed names): a list;
+                              # False: none (name="*"); True: every group's (unbounded: warned about)
+    "UNTAGGED_GROUPS": [],    # groups whose names are never tagged, whatever TAG_NAMES says
+    "MAX_NAMES": MAX_NAMES,   # per group and process, at most this many names are tagged; then name="*"
     "INFLUXDB": None,         # dict of InfluxDB settings (see ylock.metrics.influxdb.DEFAULTS), or True for env
     "PROMETHEUS": None,       # True, or {"NAMESPACE": "ylock", "REGISTRY": "default"|"own", "PATH": "/metrics"}
     "EXPORTERS": [],          # dotted paths of callables taking an Event, run off the lock path
@@ -114,8 +127,10 @@ def validate(config: Mapping[str, Any] | None, *, setting: str = "METRICS",
 
     code = opt.E_METRICS
     out = opt.section(config, setting, KEYS, code=code)
-    for key in ("STATS", "TAG_NAMES"):
-        opt.boolean(out[key], f"{setting}[{key!r}]", code=code)
+    opt.boolean(out["STATS"], f"{setting}['STATS']", code=code)
+    out["TAG_NAMES"] = _tag_names(out["TAG_NAMES"], f"{setting}['TAG_NAMES']")
+    out["MAX_NAMES"] = opt.number(out["MAX_NAMES"], f"{setting}['MAX_NAMES']", minimum=1, maximum=100_000,
+                                  integer=True, code=code)
     if out["STATS_PERIOD"] is not None:
         out["STATS_PERIOD"] = opt.seconds(out["STATS_PERIOD"], f"{setting}['STATS_PERIOD']", maximum=3600, code=code)
     out["STATS_TTL"] = opt.seconds(out["STATS_TTL"], f"{setting}['STATS_TTL']", maximum=86400, code=code)
@@ -153,6 +168,38 @@ def validate(config: Mapping[str, Any] | None, *, setting: str = "METRICS",
     return out
 
 
+def _tag_names(value: Any, where: str) -> bool | list[str]:
+    """TAG_NAMES: True, False, or a list of lock groups."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise opt.fail(where, f"must be a list of the lock groups whose names are tagged (or True, or False), "
+                       f"got {value!r}", opt.E_METRICS, "e.g. ['orders']: groups of few, fixed lock names")
+    groups = list(value)
+    for group in groups:
+        try:
+            check_group(group)
+        except ValueError as exc:
+            raise opt.fail(where, f"lists an invalid group: {exc}", opt.E_METRICS) from exc
+    return groups
+
+
+def unbounded(config: Mapping[str, Any] | None, keyed: Mapping[str, str], *, setting: str = "METRICS",
+              environ: Mapping[str, str] | None = None) -> list[ConfigurationError]:
+    """Return the warnings :func:`~ylock.metrics.tags.unbounded_labels` has for the metrics
+    settings ``config`` (none when it is None or invalid: its errors say more), given the
+    groups ``keyed`` one lock per key (group -> how)."""
+    if config is None:
+        return []
+    try:
+        s = validate(config, setting=setting, environ=environ)
+    except (ConfigurationError, ImportError):
+        return []
+    if s["INFLUXDB"] is None and s["PROMETHEUS"] is None and not s["EXPORTERS"]:
+        return []          # nothing exports the labels
+    return unbounded_labels(s["TAG_NAMES"], s["UNTAGGED_GROUPS"], keyed=keyed, setting=setting)
+
+
 def _require(module: str, where: str, extra: str) -> None:
     try:
         importlib.import_module(module)
@@ -169,8 +216,10 @@ def configure(config: Mapping[str, Any] | None, *, setting: str = "METRICS",
     from ylock.metrics.prometheus import PrometheusExporter
 
     s = validate(config, setting=setting, environ=environ)
-    tagging_key = (s["TAG_NAMES"], tuple(sorted(s["UNTAGGED_GROUPS"])))
-    tagging = Tagging(s["TAG_NAMES"], s["UNTAGGED_GROUPS"])
+    names = s["TAG_NAMES"]
+    tagging_key = (names if isinstance(names, bool) else tuple(sorted(names)), tuple(sorted(s["UNTAGGED_GROUPS"])),
+                   s["MAX_NAMES"])
+    tagging = Tagging(names, s["UNTAGGED_GROUPS"], s["MAX_NAMES"])
     key: tuple[Any, ...]
     with _mutex:
         influx = prom = callbacks = None
@@ -185,6 +234,9 @@ def configure(config: Mapping[str, Any] | None, *, setting: str = "METRICS",
             # One set of metric families per registry and namespace: registering them twice fails.
             key = ("prometheus", p["REGISTRY"], p["NAMESPACE"])
             prom = _exporters.get(key)
+            if prom is not None and prom.tagging_key != tagging_key:
+                prom.retag(tagging)
+                prom.tagging_key = tagging_key
             if prom is None:
                 import prometheus_client
 
@@ -192,6 +244,7 @@ def configure(config: Mapping[str, Any] | None, *, setting: str = "METRICS",
                 kwargs = {"buckets": tuple(p["BUCKETS"])} if p["BUCKETS"] else {}
                 prom = _exporters[key] = PrometheusExporter(registry, namespace=p["NAMESPACE"], tagging=tagging,
                                                             **kwargs)
+                prom.tagging_key = tagging_key
         if s["EXPORTERS"]:
             key = ("custom", tuple(s["EXPORTERS"]))
             callbacks = _exporters.get(key)

@@ -56,6 +56,10 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: Seconds between two copies of the background exporters' counts into the metrics by the pump.
 SHIPPER_PERIOD = 1.0
+#: At most this many distinct (kind, group, name, engine, mode) are remembered with their
+#: metric children; then the memory starts again (a per-user family must not grow it: its
+#: names share one child each, ``name="*"``, but each name would be an entry here).
+CHILDREN_CACHE = 4096
 
 
 def multiprocess_dir() -> str | None:
@@ -108,6 +112,7 @@ class PrometheusExporter(Deferred):
         self.buckets = tuple(b for b in bounds if b != float("inf"))
         self.namespace = namespace
         self.tagging = tagging or Tagging()
+        self.tagging_key: Any = None        # what ylock.metrics.configure built the tagging from
         self.multiprocess_dir = multiprocess_dir()
         self.registry = CollectorRegistry(auto_describe=True) if registry is None else registry
         ns = namespace
@@ -132,6 +137,13 @@ class PrometheusExporter(Deferred):
         self.queued = Gauge(f"{ns}_exporter_queued", "Events waiting in the exporter buffer", ["exporter"],
                             registry=self.registry, multiprocess_mode="livesum")
 
+    def retag(self, tagging: Tagging) -> None:
+        """Tag the events applied from now on with ``tagging`` (settings changed: the exporter,
+        registered once per registry and namespace, is kept)."""
+        with self._drain_mutex:
+            self.tagging = tagging
+            self._children = {}
+
     def _after_fork(self) -> None:
         super()._after_fork()
         self._shipped = weakref.WeakKeyDictionary()   # the child's shippers count from 0
@@ -141,6 +153,8 @@ class PrometheusExporter(Deferred):
 
     def apply(self, events: list[Event]) -> None:
         children, labels_of = self._children, self.tagging.labels
+        if len(children) > CHILDREN_CACHE:
+            children.clear()            # the metrics keep their children: the rows are found again
         counts: dict[Any, int] = {}
         observed: dict[Any, list[float]] = {}
         for event in events:
@@ -312,8 +326,12 @@ def on_starting(server: Any) -> None:
 
     Counters would otherwise carry on from the previous run (and from pids that do not
     exist any more). Only for a directory of this server's own; runs before any worker starts.
+    Without the variable the server starts as it is (each process serves its own counts),
+    and one with several workers logs one warning naming the variable.
     """
     path = os.environ.get(MULTIPROC_ENV)
     if path and os.path.isdir(path):
         for name in glob.glob(os.path.join(path, "*.db")):
             os.remove(name)
+    elif not path and getattr(getattr(server, "cfg", None), "workers", 1) > 1:
+        server.log.warning(f"{MULTIPROC_ENV} is not set: each worker's /metrics counts only its own lock events")

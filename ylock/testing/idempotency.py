@@ -16,10 +16,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ylock.clients import user_name
 from ylock.idempotency import ANONYMOUS, REPLAYED, record_id
 from ylock.lock import Lock, Locks
 from ylock.owner import new_owner, owner_scope
-from ylock.web import user_name
 
 __all__ = ["assert_replays", "in_flight", "key_lock", "user_scope"]
 

@@ -63,8 +63,32 @@ async def locked_async(request):
 
 
 def whoami(request):
-    """Under /api/: the README's PerUserLockMiddleware holds the visitor's lock around it
-    (read for GET), as the request's owner."""
-    user_lock = django_ylock.locks("users")[user_key(request)]
+    """Under /api/: the README's PerUserLockMiddleware holds the client's lock around it
+    (read for GET), as the request's owner; none for a request that nothing identifies."""
+    name = user_key(request)
+    if name is None:
+        return JsonResponse({"lock": None, "held": False, "owner": request_owner(request)})
+    user_lock = django_ylock.locks("users")[name]
     return JsonResponse({"lock": f"{user_lock.group}/{user_lock.name}", "held": user_lock.held("read"),
                          "owner": request_owner(request)})
+
+
+@csrf_exempt
+def gate(request):
+    """Under /api/ (the README's per-user middleware, POST: the client's write lock): says
+    when it runs and waits for the test's word, so a test sees which requests of which
+    clients run at once. ``$GATE_DIR/<n>.entered`` is written on entry; the view returns
+    once ``$GATE_DIR/<n>.go`` exists. Times are CLOCK_MONOTONIC: one clock for every
+    process of the machine."""
+    gates = Path(os.environ["GATE_DIR"])
+    n = request.GET["n"]
+    try:
+        lock = django_ylock.current_lock(request)
+        held = {"lock": f"{lock.group}/{lock.name}", "token": lock.token}
+    except LookupError:
+        held = {"lock": None, "token": None}
+    entered = time.monotonic()
+    (gates / f"{n}.entered").write_text(str(entered))
+    while not (gates / f"{n}.go").exists():     # the test's word: a file (its event), polled
+        time.sleep(0.002)
+    return JsonResponse({"n": n, **held, "entered": entered, "left": time.monotonic(), "pid": os.getpid()})

@@ -12,4 +12,5 @@ urlpatterns = [
     path("counter/unlocked", counter.unlocked),
     path("counter/async", counter.locked_async),
     path("api/whoami", counter.whoami),
+    path("api/gate", counter.gate),
 ]
