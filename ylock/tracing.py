@@ -4,9 +4,13 @@
     ylock.tracing.enable()          # once, where OpenTelemetry is configured
 
 From then on every first acquisition of a lock or a semaphore makes a span for the wait
-("ylock wait <group>/<name>") and one for the hold ("ylock hold <group>/<name>", from the
-first acquisition to the final release, so re-entries do not cut it), with the group,
-name, mode, engine, token and outcome as attributes; a timeout, an unreachable engine or
+("ylock wait <group>") and one for the hold ("ylock hold <group>", from the first
+acquisition to the final release, so re-entries do not cut it), with the group, name,
+mode, engine, token and outcome as attributes. A span's name is a group, never a lock
+name: span names become metric dimensions (the OpenTelemetry Collector's spanmetrics
+connector, Tempo's and Jaeger's span metrics key by them), and lock names of per-user
+or keyed locks are unbounded (see ylock.metrics.tags); the name is the ``ylock.name``
+attribute, which those make a dimension only when told to; a timeout, an unreachable engine or
 a lost lease is the span's status or an event. The hold span is a child of the span
 current where the lock was taken, or the root of a trace of its own when there is none
 (a script, a Celery worker or a command without tracing of their own).
@@ -178,7 +182,7 @@ class Tracing:
         return [link for link in links if link is not None]
 
     def _wait_span(self, target: Any, mode: str, links: list[Any], started_ns: int) -> Any:
-        return self.tracer.start_span(f"ylock wait {target.group}/{target.name}", links=links,
+        return self.tracer.start_span(f"ylock wait {target.group}", links=links,
                                       attributes=self._attributes(target, mode), start_time=started_ns)
 
     def start(self, acquisition: events.Acquisition) -> None:
@@ -234,7 +238,7 @@ class Tracing:
         target = acquisition.target
         drawn = _drawn.set(acquisition.notes.pop((self, "hold"), None))
         try:
-            hold.span = self.tracer.start_span(f"ylock hold {target.group}/{target.name}",
+            hold.span = self.tracer.start_span(f"ylock hold {target.group}",
                                                attributes={**self._attributes(target, acquisition.mode),
                                                            "ylock.token": hold.token})
         finally:
