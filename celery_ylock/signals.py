@@ -23,38 +23,38 @@ from ylock import events
 #: A task did not run (scope "run": its worker skipped it) or was not sent (scope
 #: "enqueue") because its lock was busy and ``on_busy="skip"``. ``sender``: the task;
 #: ``task_id``, ``lock`` ("group/name"), ``scope``, ``args``, ``kwargs``.
-task_skipped = Signal(name="task_skipped", providing_args={"task_id", "lock", "scope", "args", "kwargs"})
+task_skipped = Signal(name="task_skipped", providing_args=["task_id", "lock", "scope", "args", "kwargs"])
 
 #: This beat process began leading its schedule (``celery_ylock.beat:LeaderScheduler``).
 #: ``sender``: the beat lock ("group/name"); ``lock`` (the same), ``token`` (the term's fencing
 #: token), ``since`` (epoch seconds), ``previous`` ("host:pid (token N)" of the term before,
 #: or None), ``terms`` (how many terms the deployment has begun, this one included).
-beat_elected = Signal(name="beat_elected", providing_args={"lock", "token", "since", "previous", "terms"})
+beat_elected = Signal(name="beat_elected", providing_args=["lock", "token", "since", "previous", "terms"])
 #: This beat process stopped leading: ``lock``, ``token``, ``reason`` (shutting down, the hold
 #: was lost, a newer term fenced the schedule state, the engine did not answer).
-beat_stepped_down = Signal(name="beat_stepped_down", providing_args={"lock", "token", "reason"})
+beat_stepped_down = Signal(name="beat_stepped_down", providing_args=["lock", "token", "reason"])
 
 #: A lock was acquired (first acquisition). ``event.wait``: seconds waited; ``event.token``.
-lock_acquired = Signal(name="lock_acquired", providing_args={"event"})
+lock_acquired = Signal(name="lock_acquired", providing_args=["event"])
 #: A lock was released. ``event.hold``: seconds held; ``event.release``: the call's time.
-lock_released = Signal(name="lock_released", providing_args={"event"})
+lock_released = Signal(name="lock_released", providing_args=["event"])
 #: A lock call gave up at its timeout. ``event.wait``: seconds waited.
-lock_timed_out = Signal(name="lock_timed_out", providing_args={"event"})
+lock_timed_out = Signal(name="lock_timed_out", providing_args=["event"])
 #: A hold's lease could not be renewed: another owner may have the lock. ``event.detail``: why.
-lock_lost = Signal(name="lock_lost", providing_args={"event"})
+lock_lost = Signal(name="lock_lost", providing_args=["event"])
 #: The watchdog renewed a hold's lease.
-lock_renewed = Signal(name="lock_renewed", providing_args={"event"})
+lock_renewed = Signal(name="lock_renewed", providing_args=["event"])
 #: A dead waiter was removed from a lock's queue.
-waiter_evicted = Signal(name="waiter_evicted", providing_args={"event"})
+waiter_evicted = Signal(name="waiter_evicted", providing_args=["event"])
 #: A hold left its owner as a ticket (an enqueue-scope task being sent).
-lock_detached = Signal(name="lock_detached", providing_args={"event"})
+lock_detached = Signal(name="lock_detached", providing_args=["event"])
 #: A ticket's hold has a new owner (the run of an enqueue-scope task, or a revoked task's release).
-lock_adopted = Signal(name="lock_adopted", providing_args={"event"})
+lock_adopted = Signal(name="lock_adopted", providing_args=["event"])
 
 #: The engine's session was suspended (ZooKeeper): holds are at risk.
-engine_suspended = Signal(name="engine_suspended", providing_args={"event"})
+engine_suspended = Signal(name="engine_suspended", providing_args=["event"])
 #: The engine's session came back (ZooKeeper): the holds it carries are safe again.
-engine_reconnected = Signal(name="engine_reconnected", providing_args={"event"})
+engine_reconnected = Signal(name="engine_reconnected", providing_args=["event"])
 
 #: The signal of each relayed event kind (:data:`ylock.events.RELAYED`, the core's one list).
 BY_KIND = {kind: globals()[signal] for kind, signal in events.RELAYED.items()}

@@ -9,8 +9,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from celery import Task
-
 import ylock
 from celery_ylock import conf
 from ylock import options as opt
@@ -157,13 +155,13 @@ class LockSpec:
 
     # -- against the settings (at worker startup and on first use) ----------------------------
 
-    def check(self, task: Task, registry: Registry) -> None:
+    def check(self, task: Any, registry: Registry) -> None:
         """Raise :class:`~ylock.ConfigurationError` if this lock contradicts the settings,
         the engine or the broker (see docs/celery.md, "Startup checks")."""
         where = f"task {self.task!r}: lock"
         options = registry.lock_options(self.name)
         engine = registry.engine(options.engine)
-        app = task._get_app()
+        app = task.app
         if engine.scheme == "local" and not app.conf.get("task_always_eager"):
             raise opt.fail(where, f"uses the local:// engine {options.engine!r}: it excludes threads of one "
                            "process, and Celery runs tasks in other processes", opt.E_LOCK_OPTION,

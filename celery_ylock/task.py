@@ -84,7 +84,7 @@ def task_context(name: str, task_id: str | None) -> Any:
         ylock.context(f"celery task {name}")
 
 
-class LockedTask(Task):  # type: ignore[misc]
+class LockedTask(Task):  # type: ignore[misc,type-arg,unused-ignore]  # celery-types or none
     """A task that holds a ylock lock (see the module docstring)::
 
         @app.task(base=LockedTask, lock={"name": "reports", "key": "{user_id}", "on_busy": "skip"})
@@ -107,7 +107,7 @@ class LockedTask(Task):  # type: ignore[misc]
     _ylock_checked: ClassVar[bool] = False
     #: A busy lock is an expected outcome, not a bug: Celery logs the exceptions named in
     #: ``throws`` at INFO, without a traceback (on_bound adds it to a task's own ``throws``).
-    throws: ClassVar[tuple[type[BaseException], ...]] = (TaskLocked,)
+    throws: tuple[type[Exception], ...] = (TaskLocked,)
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -121,7 +121,7 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def _ylock_registry(self) -> Registry:
         """The app's registry, with this task's lock checked against it (once per process)."""
-        registry = conf.state(self._get_app()).registry
+        registry = conf.state(self.app).registry
         cls = type(self)
         if not cls._ylock_checked:
             cls.ylock_spec.check(self, registry)  # type: ignore[union-attr]
@@ -156,7 +156,7 @@ class LockedTask(Task):  # type: ignore[misc]
             return self._run_locked_as_said(spec, args, kwargs)
 
     def _run_locked_as_said(self, spec: LockSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        request = self.request
+        request: Any = self.request             # its ylock attribute is ours (celery-types know it not)
         registry = self._ylock_registry()
         target = spec.target(registry, args, kwargs)
         if target is None:
@@ -271,7 +271,7 @@ class LockedTask(Task):  # type: ignore[misc]
             undo = lambda t: give_back(target.engine, t, "the task could not be sent")  # noqa: E731
         try:
             delay = max(seconds_until(options.get("countdown")), seconds_until(options.get("eta")))
-            ttl = max(spec.queue_lease_for(self._get_app()) + delay,
+            ttl = max(spec.queue_lease_for(self.app) + delay,
                       seconds_until(options.get("expires", self.expires)))
             extend(target.engine, ticket, min(ttl, opt.MAX_LEASE))
             options["headers"] = {**(headers or {}), TICKET_HEADER: ticket.as_dict()}
@@ -281,7 +281,7 @@ class LockedTask(Task):  # type: ignore[misc]
             raise
 
     def _take_for_sending(self, spec: LockSpec, registry: Registry, target: Lock, args: tuple[Any, ...],
-                          kwargs: dict[str, Any]) -> Ticket | EagerResult:
+                          kwargs: dict[str, Any]) -> Ticket | EagerResult[Any]:
         """Take the lock for a task about to be sent and detach it into its ticket; or do
         what ``on_busy`` says (a skipped result, or raise)."""
         wait = spec.wait_for(registry) if spec.on_busy == WAIT else 0.0
@@ -310,7 +310,7 @@ def install(app: Any) -> None:
         from celery import bootsteps
         from celery.signals import task_revoked, worker_process_shutdown
 
-        class YLockCheck(bootsteps.Step):  # type: ignore[misc]
+        class YLockCheck(bootsteps.Step):  # type: ignore[misc,unused-ignore]
             """Stop the worker at startup when the ylock settings contradict each other.
             (A ``worker_init`` receiver could not: Celery logs what its receivers raise.)"""
 

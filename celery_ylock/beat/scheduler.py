@@ -43,12 +43,13 @@ HEADER = "ylock_beat"
 _classes: dict[type[Scheduler], type[LeaderScheduler]] = {}
 
 
-class LeaderScheduler(Scheduler):  # type: ignore[misc]
+class LeaderScheduler(Scheduler):  # type: ignore[misc,unused-ignore]
     """A beat scheduler that sends only while it holds the beat lock (see the module
     docstring, and docs/celery.md for the settings). ``scheduler.leader`` is its
     :class:`~celery_ylock.beat.leader.BeatLeader` (``term``, ``since``, ``terms``)."""
 
     leader: BeatLeader
+    _ylock_settings: Any
     #: Marks the class (ylock_beat["scheduler"] must name another).
     ylock_leader = True
 

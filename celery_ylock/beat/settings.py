@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from celery.beat import Scheduler
 from celery.utils.imports import load_extension_class_names, symbol_by_name
@@ -78,7 +78,7 @@ def scheduler_class(value: Any, where: str) -> type[Scheduler]:
             raise opt.fail(where, "must name a scheduler class such as 'celery.beat:PersistentScheduler', got ''",
                            opt.E_IMPORT)
         try:
-            cls = symbol_by_name(value, aliases=dict(load_extension_class_names("celery.beat_schedulers")))
+            cls = symbol_by_name(value, aliases=dict(cast(Any, load_extension_class_names("celery.beat_schedulers"))))
         except (ImportError, AttributeError, ValueError) as exc:
             raise opt.fail(where, f"= {value!r} cannot be imported: {exc}", opt.E_IMPORT) from exc
     if not (isinstance(cls, type) and issubclass(cls, Scheduler)):
