@@ -55,8 +55,10 @@ class Beat:
         assert self.proc is not None
         self.proc.send_signal(signum)
 
-    def terminate(self, timeout: float = 30.0) -> int:
-        """SIGTERM (a clean shutdown); return the exit code."""
+    def terminate(self, timeout: float = 90.0) -> int:
+        """SIGTERM (a clean shutdown); return the exit code. The bound is generous: how soon the
+        lock is handed over is what the tests measure (from the records), not how long the
+        interpreter takes to exit on a loaded machine (its schedule file's sync, its atexit)."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
