@@ -116,7 +116,7 @@ class MariaDBServer(ServerProcess):
                                     env={**os.environ, "LC_ALL": "C"})
         if result.returncode != 0:
             raise ServerError(f"mariadb-install-db failed ({result.returncode}):\n"
-                              f"{(self.dir / 'install.log').read_text(errors='replace')[-self.log_tail:]}")
+                              f"{(self.dir / 'install.log').read_text(errors='replace')[:self.log_tail]}")
         quoted = self.password.replace("\\", "\\\\").replace("'", "\\'")
         init = self.dir / "init.sql"
         init.write_text(f"CREATE USER IF NOT EXISTS '{self.user}'@'%' IDENTIFIED BY '{quoted}';\n"
