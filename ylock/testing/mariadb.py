@@ -107,7 +107,7 @@ class MariaDBServer(ServerProcess):
         self.dir.chmod(0o700)
         args = [_binary("mariadb-install-db", "YLOCK_MARIADB_INSTALL_DB", "/usr/bin/mariadb-install-db"),
                 "--no-defaults", f"--datadir={self.data_dir}", "--skip-test-db", "--skip-name-resolve",
-                "--auth-root-authentication-method=normal", "--innodb-use-native-aio=0"]
+                "--auth-root-authentication-method=normal", "--innodb-use-native-aio=0", f"--tmpdir={self.dir}"]
         if user is not None:
             os.chown(self.dir, user.pw_uid, user.pw_gid)
             args.append(f"--user={user.pw_name}")

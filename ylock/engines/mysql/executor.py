@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -93,15 +94,7 @@ class Executor:
             conn.answered = True
             return result
         if type(op) is Open:
-            future = asyncio.get_running_loop().run_in_executor(None, self.open, op.end)
-            try:
-                return await asyncio.shield(future)
-            except asyncio.CancelledError:
-                def close(done: asyncio.Future[Conn]) -> None:
-                    if not done.cancelled() and done.exception() is None:
-                        done.result().close()
-                future.add_done_callback(close)
-                raise
+            return await self.aopen(op.end)
         if type(op) is Wait:
             return await op.mailbox.await_(op.timeout)
         if type(op) is Claim:
@@ -111,6 +104,35 @@ class Executor:
                 await asyncio.sleep(0.001)
             return None
         raise TypeError(f"not an operation of the MySQL engine: {op!r}")
+
+    async def aopen(self, end: float) -> Conn:
+        """:meth:`open` in a thread of its own (not the loop's shared executor, where it could
+        queue behind others past its deadline); a connection that arrives after the task
+        was cancelled is closed."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Conn] = loop.create_future()
+
+        def deliver(conn: Conn | None, exc: BaseException | None) -> None:
+            if future.done():
+                if conn is not None:
+                    conn.close()
+            elif exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(conn)  # type: ignore[arg-type]
+
+        def run() -> None:
+            try:
+                conn = self.open(end)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                loop.call_soon_threadsafe(deliver, None, exc)
+            else:
+                try:
+                    loop.call_soon_threadsafe(deliver, conn, None)
+                except RuntimeError:               # the loop is closed: nobody will take it
+                    conn.close()
+        threading.Thread(target=run, name="ylock-mysql-connect", daemon=True).start()
+        return await future
 
     @staticmethod
     def failed(conn: Conn, exc: BaseException) -> None:

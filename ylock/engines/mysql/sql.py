@@ -149,32 +149,35 @@ class Statements:
     # once it has the turnstile waits for their marks (nobody else can enter meanwhile), a
     # reader that has the turnstile enters at once: the server's queue is the lock's queue.
 
-    def lock_attempt(self, row: Row, kx: str, wait: float | None, lease: float, said: str,
-                     have_turnstile: bool = False) -> str:
-        """Take the turnstile ``kx`` (waiting up to ``wait`` seconds; already held with
-        ``have_turnstile``, after :meth:`wait_for`: if it ended in time), then the hold's mark, then write its row: a reader at once, a
-        writer once no reader's row is left. Returns (1 if the turnstile is held, the token
-        or NULL, a writer's readers to wait for as "token mark,..." or NULL). A reader lets
-        go of the turnstile in the same round trip; the lease (wait_timeout) is set once
-        granted."""
+    def lock_attempt(self, row: Row, kx: str, wait: float | None, lease: float, said: str, head: str) -> str:
+        """Take the turnstile ``kx``, then the hold's mark; a writer then waits for the readers
+        inside to leave (each reader's mark: free once it released or its session ended),
+        all within ``wait`` seconds (the server's clock), and deletes the rows of this lock
+        left (every one a dead holder's: nobody can enter while it holds the turnstile); then
+        write the hold's row. Returns (1 if the turnstile was taken, the token or NULL). A
+        reader lets go of the turnstile in the same round trip; the lease (wait_timeout) is
+        set once granted. Every statement carries the waiter's comment (``said``; ``head``
+        once it holds the turnstile), so the process list shows it until it is granted."""
         read = row.mode == "read"
-        head = (f"{said}SET @ylock_g = @ylock_ok" if have_turnstile
-                else f"{said}SELECT GET_LOCK('{kx}', {seconds(wait)}) INTO @ylock_g")
-        readers = f"SELECT COUNT(*) FROM {self.holds} WHERE lk = '{row.lk}' AND mode = 'read'"
-        last = (f"IF(@ylock_g = 1, RELEASE_LOCK('{kx}'), NULL)" if read else
-                f"IF(@ylock_g = 1 AND @ylock_t IS NULL, (SELECT GROUP_CONCAT(token, ' ', mark ORDER BY token "
-                f"SEPARATOR ',') FROM {self.holds} WHERE lk = '{row.lk}' AND mode = 'read'), NULL)")
-        reap = ("" if read else
-                f"DELETE FROM {self.holds} WHERE lk = '{row.lk}' AND mode = 'write' AND @ylock_m = 1 "
-                "AND @ylock_r = 0;\n")
-        return (f"{head};\n"
-                f"SELECT IF(@ylock_g = 1, IF(IS_USED_LOCK('{row.mark}') = CONNECTION_ID(), 1, "
-                f"GET_LOCK('{row.mark}', 0)), 0), ({readers}) INTO @ylock_m, @ylock_r;\n"
-                f"{reap}"
-                f"{self._insert(row, '@ylock_m = 1' if read else '@ylock_m = 1 AND @ylock_r = 0')};\n"
-                "SELECT IF(ROW_COUNT() > 0, LAST_INSERT_ID(), NULL) INTO @ylock_t;\n"
-                f"SELECT @ylock_g, @ylock_t, {last};\n"
-                f"{self._lease(lease)}")
+        left = "GREATEST(0, @ylock_end - UNIX_TIMESTAMP(NOW(6)))"
+        if read:
+            inside = "SET @ylock_r = 0"
+        else:
+            inside = (f"SELECT COUNT(*) FROM (SELECT mark FROM {self.holds} WHERE lk = '{row.lk}' AND mode = 'read') "
+                      f"r WHERE @ylock_m = 1 AND NOT (GET_LOCK(r.mark, {left}) = 1 AND RELEASE_LOCK(r.mark) = 1) "
+                      "INTO @ylock_r")
+        steps = [f"{said}SET @ylock_end = UNIX_TIMESTAMP(NOW(6)) + {seconds(wait)}",
+                 f"{said}SELECT GET_LOCK('{kx}', {seconds(wait)}) INTO @ylock_g",
+                 f"{head}SELECT IF(@ylock_g = 1, GET_LOCK('{row.mark}', 0), 0) INTO @ylock_m",
+                 f"{head}{inside}"]
+        if not read:
+            steps.append(f"{head}DELETE FROM {self.holds} WHERE lk = '{row.lk}' AND @ylock_m = 1 AND @ylock_r = 0")
+        steps += [f"{head}{self._insert(row, '@ylock_m = 1 AND @ylock_r = 0')}",
+                  "SELECT IF(ROW_COUNT() > 0, LAST_INSERT_ID(), NULL) INTO @ylock_t",
+                  f"SELECT @ylock_g, @ylock_t, IF(@ylock_g = 1 AND ({int(read)} OR @ylock_t IS NULL), "
+                  f"RELEASE_LOCK('{kx}'), NULL)",
+                  self._lease(lease)]
+        return ";\n".join(steps)
 
     def wait_for(self, holds: list[tuple[int, str]], wait: float | None, said: str) -> str:
         """The turnstile's (or queue's) holder waits, up to ``wait`` seconds in all (the
@@ -226,7 +229,8 @@ class Statements:
         """Queue (waiting up to ``wait``; already the head with ``head``), then be admitted if
         fewer than ``row.permits`` live holds exist. Returns (1 if at the head, the token or
         NULL, 1 once the queue was let go, the holds to wait for as "token mark live,...")."""
-        first = f"{said}SET @ylock_g = @ylock_ok" if head else f"{said}SELECT GET_LOCK('{kq}', {seconds(wait)}) INTO @ylock_g"
+        first = (f"{said}SET @ylock_g = @ylock_ok" if head
+                 else f"{said}SELECT GET_LOCK('{kq}', {seconds(wait)}) INTO @ylock_g")
         return (f"{first};\n"
                 f"SELECT COUNT(*) FROM {self.holds} WHERE lk = '{row.lk}' AND IS_USED_LOCK(mark) IS NOT NULL "
                 "INTO @ylock_n;\n"

@@ -146,28 +146,14 @@ class HoldSteps:
                   said=r.context or None)
         since = round(time.time(), 3)           # when it queued (describe's "since" of a waiter)
         said = self._said(r, lk, LOCK, since)
-        results = yield Query(conn, self.sql.lock_attempt(row, kx, self._left(r.deadline), r.lease, said),
+        head = self._said(r, lk, LOCK, since, head=True)
+        results = yield Query(conn, self.sql.lock_attempt(row, kx, self._left(r.deadline), r.lease, said, head),
                               self._end(r.deadline))
-        turnstile, token, readers = results[-2][0]
+        turnstile, token, _ = results[-2][0]
         if turnstile != b"1":
             return Attempt(None, False)        # not granted in time: the session holds nothing
-        if token is None and r.mode == READ:
-            return Attempt(None, True)         # (its mark was taken: cannot happen, names are random)
-        head = self._said(r, lk, LOCK, since, head=True)
-        while token is None:
-            # A writer with readers inside: it holds the turnstile, so nobody enters behind it;
-            # it waits for each reader to leave (or be found gone), then writes its row, in one
-            # round trip.
-            waits = [(reader, mark) for reader, mark, _ in _holds(readers)]
-            left = self._left(r.deadline)
-            if left is not None and left <= 0:
-                return Attempt(None, True)
-            sql = self.sql.wait_for(waits, left, head) + self.sql.lock_attempt(row, kx, None, r.lease, head,
-                                                                              have_turnstile=True)
-            results = yield Query(conn, sql, self._end(r.deadline))
-            ok, token, readers = results[-2][0]
-            if ok != b"1":
-                return Attempt(None, True)
+        if token is None:
+            return Attempt(None, True)         # readers stayed past the deadline: give back the turnstile
         conn.lk, conn.kx, conn.mark = lk, kx, row.mark
         self.pool.bind(conn, hold, r.mode, int(token))
         return Attempt(int(token), False)
