@@ -106,5 +106,6 @@ class DjangoDatabaseEngine(PostgresEngine):
         return found
 
 
-# Importing the engine is enough to serve its URLs (the app's ready() registers it too).
-register_scheme("django", DjangoDatabaseEngine, extra="postgres")
+# Importing the engine is enough to serve its URLs (the app's ready() registers the factory of
+# django_ylock.databases, which serves MySQL aliases too).
+register_scheme("django", "django_ylock.databases.DjangoEngines")

@@ -16,7 +16,7 @@ import pymysql
 
 from ylock import options as opt
 from ylock.engines.base import parse_bool
-from ylock.engines.mysql.wire import Exchange, Wire, drive
+from ylock.engines.mysql.wire import Exchange, Wire
 from ylock.errors import ConfigurationError
 
 #: The driver options a URL may carry besides ylock's (PyMySQL's names): TLS and the socket.
@@ -217,9 +217,3 @@ def read_only_error(where: str, group: str | None = None, name: str | None = Non
                               hint="point the engine at the primary", group=group, name=name)
 
 
-def drive_exchange(conn: Conn, io: Any, end: float | None) -> Any:
-    """Run an exchange on ``conn`` blocking until ``end``."""
-    ex = conn.pending = Exchange(io)
-    result = drive(ex, end)
-    conn.pending = None
-    return result

@@ -67,13 +67,13 @@ def lock_infos(holds: Sequence[Row], processes: Sequence[Row], group: str | None
             entry["permits"] = int(w["p"])
     infos = []
     for (grp, name, kind), entry in sorted(entries.items()):
-        holds = entry["holds"]
+        holds_of: list[tuple[int, str, str, Any, float]] = entry["holds"]
         owners: list[str] = []
-        for _, _, owner, _, _ in holds:
+        for _, _, owner, _, _ in holds_of:
             if owner not in owners:
                 owners.append(owner)
-        token = max((h[0] for h in holds), default=None)
-        context = {owner: holder_context(owner, since, said) for _, _, owner, said, since in holds}
+        token = max((h[0] for h in holds_of), default=None)
+        context: dict[str, Any] = {o: holder_context(o, since, said) for _, _, o, said, since in holds_of}
         for w in entry["waiters"]:
             context.setdefault(str(w.get("o")), holder_context(str(w.get("o")), w["since"], w.get("s")))
         if kind == SEMAPHORE:
@@ -81,7 +81,7 @@ def lock_infos(holds: Sequence[Row], processes: Sequence[Row], group: str | None
                                   tuple(f"permit:{w.get('o')}" for w in entry["waiters"]), None, token, SEMAPHORE,
                                   entry["permits"], context))
             continue
-        mode = WRITE if any(h[1] == WRITE for h in holds) else READ if holds else None
+        mode = WRITE if any(h[1] == WRITE for h in holds_of) else READ if holds_of else None
         infos.append(LockInfo(grp, name, mode, tuple(owners),
                               tuple(f"{w.get('m')}:{w.get('o')}" for w in entry["waiters"]), None, token, LOCK,
                               None, context))
