@@ -16,7 +16,7 @@ import pymysql
 
 from ylock import options as opt
 from ylock.engines.base import parse_bool
-from ylock.engines.mysql.wire import Exchange, Wire
+from ylock.engines.mysql.wire import Exchange, NoAnswer, Wire
 from ylock.errors import ConfigurationError
 
 #: The driver options a URL may carry besides ylock's (PyMySQL's names): TLS and the socket.
@@ -168,10 +168,16 @@ def handshake(target: Target, end: float, keepalive: float) -> tuple[Wire, int |
     if left <= 0:
         raise pymysql.err.OperationalError(2003, "no time left to connect")
     kwargs: dict[str, Any] = {k: v for k, v in target.driver.items() if k != "unix_socket"}
-    conn = _DeadlineConnection(host=target.host, port=target.port, user=target.user, password=target.password,
-                               database=target.database, unix_socket=target.driver.get("unix_socket"),
-                               charset="utf8mb4", autocommit=True, client_flag=_CLIENT_MULTI_STATEMENTS,
-                               connect_timeout=min(left, 31536000), program_name="ylock", deadline=end, **kwargs)
+    try:
+        conn = _DeadlineConnection(host=target.host, port=target.port, user=target.user, password=target.password,
+                                   database=target.database, unix_socket=target.driver.get("unix_socket"),
+                                   charset="utf8mb4", autocommit=True, client_flag=_CLIENT_MULTI_STATEMENTS,
+                                   connect_timeout=min(left, 31536000), program_name="ylock", deadline=end,
+                                   **kwargs)
+    except pymysql.err.OperationalError as exc:
+        if time.monotonic() >= end - 0.002:
+            raise NoAnswer(f"no answer to the connection's handshake within {left:.3g} s (connect_timeout)") from exc
+        raise
     sock: socket.socket = conn._sock
     local_port = None
     if sock.family in (socket.AF_INET, socket.AF_INET6):

@@ -118,8 +118,9 @@ class MySQLEngine(Engine):
         if isinstance(exc, LockError):
             return exc
         if isinstance(exc, NoAnswer):
-            return EngineUnavailable(f"MySQL at {where} did not answer within its timeout (socket_timeout "
-                                     f"{self.socket_timeout:g} s); the connection was closed", group=group, name=name)
+            detail = str(exc) if "connect_timeout" in str(exc) else f"socket_timeout {self.socket_timeout:g} s"
+            return EngineUnavailable(f"MySQL at {where} did not answer within its timeout ({detail}); the "
+                                     "connection was closed", group=group, name=name)
         errno, message = None, str(exc)
         if isinstance(exc, ServerError):
             errno, message = exc.errno, exc.message
