@@ -70,7 +70,7 @@ def test_a_holder_killed_or_paused_past_its_lease_is_replaced_and_fenced_off(mar
     verdict = journal.check()
     figures(f"holder {how}ed (lease 1 s): lock taken over after {freed:.3f} s; {verdict}")
     if how == "SIGKILL":
-        assert freed < 1.0
+        assert freed < 2.0
     else:
         assert 0.8 <= freed < 3.0 and verdict.lost == 1 and verdict.caught >= 1
 
