@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
+from django_ylock.databases import alias_of, database_settings
 from ylock.engines.base import split_url_options
 from ylock.engines.mysql import MySQLEngine
-from django_ylock.databases import alias_of, database_settings
 
 
 def database_url(alias: str) -> tuple[str, dict[str, Any]]:

@@ -169,7 +169,8 @@ def handshake(target: Target, end: float, keepalive: float) -> tuple[Wire, int |
         raise pymysql.err.OperationalError(2003, "no time left to connect")
     kwargs: dict[str, Any] = {k: v for k, v in target.driver.items() if k != "unix_socket"}
     try:
-        conn = _DeadlineConnection(host=target.host, port=target.port, user=target.user, password=target.password,
+        conn = _DeadlineConnection(host=target.host, port=target.port, user=target.user,
+                                   password=target.password.encode(),  # UTF-8, as the server hashed it
                                    database=target.database, unix_socket=target.driver.get("unix_socket"),
                                    charset="utf8mb4", autocommit=True, client_flag=_CLIENT_MULTI_STATEMENTS,
                                    connect_timeout=min(left, 31536000), program_name="ylock", deadline=end,
