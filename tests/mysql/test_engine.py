@@ -147,3 +147,24 @@ def test_a_cancelled_wait_leaves_the_server_s_queue_at_once(mysql_engine, group)
         return time.monotonic() - started
     assert asyncio.run(main()) < 0.5                  # KILLed, not left for the server to notice
     holder.unlock()
+
+
+def test_a_writer_waiting_for_several_readers_keeps_its_one_deadline(mysql_engine, group):
+    """The writer waits for every reader inside in one statement: the deadline is the call's,
+    shared by all those waits (not one timeout per reader), and it gives the turnstile back."""
+    readers = [ylock.Lock(mysql_engine, group, "n") for _ in range(3)]
+    for reader in readers:                               # each reader its own thread: its own owner
+        runner = Runner(reader.rlock)
+        runner.start()
+        runner.outcome()
+    started = time.monotonic()
+    got = Runner(lambda: ylock.Lock(mysql_engine, group, "n").try_lock(0.5))
+    got.start()
+    assert got.outcome() is False
+    assert 0.5 <= time.monotonic() - started < 1.3
+    info = mysql_engine.describe_lock(group, "n")
+    assert info is not None and info.mode == "read" and len(info.owners) == 3 and not info.waiters
+    reader = Runner(lambda: (lambda lock: (lock.try_rlock(0), lock.runlock())[0])(ylock.Lock(mysql_engine, group,
+                                                                                              "n")))
+    reader.start()
+    assert reader.outcome() is True                      # the turnstile was given back

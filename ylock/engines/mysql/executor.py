@@ -156,6 +156,8 @@ class Executor:
         if self.refused:
             raise refusal(self.where())
         wire, local_port = handshake(self.target, end, self.keepalive)
+        # The handshake had connect_timeout; the session's setup is one more round trip.
+        end = time.monotonic() + self.socket_timeout
         try:
             wait = max(1, int(self.socket_timeout + 0.999))
             setup = SETUP.format(wait=wait)

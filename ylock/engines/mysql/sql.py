@@ -159,19 +159,22 @@ class Statements:
         set once granted. Every statement carries the waiter's comment (``said``; ``head``
         once it holds the turnstile), so the process list shows it until it is granted."""
         read = row.mode == "read"
-        left = "GREATEST(0, @ylock_end - UNIX_TIMESTAMP(NOW(6)))"
+        # SYSDATE, not NOW: NOW() is the statement's start, and one statement waits for every reader.
+        left = "GREATEST(0, @ylock_end - UNIX_TIMESTAMP(SYSDATE(6)))"
+        steps = [f"{said}SELECT UNIX_TIMESTAMP(SYSDATE(6)) + {seconds(wait)}, GET_LOCK('{kx}', {seconds(wait)}) "
+                 "INTO @ylock_end, @ylock_g",
+                 f"{head}SELECT IF(@ylock_g = 1, GET_LOCK('{row.mark}', 0), 0) INTO @ylock_m"]
         if read:
-            inside = "SET @ylock_r = 0"
+            steps.append("SET @ylock_r = 0")
         else:
-            inside = (f"SELECT COUNT(*) FROM (SELECT mark FROM {self.holds} WHERE lk = '{row.lk}' AND mode = 'read') "
-                      f"r WHERE @ylock_m = 1 AND NOT (GET_LOCK(r.mark, {left}) = 1 AND RELEASE_LOCK(r.mark) = 1) "
-                      "INTO @ylock_r")
-        steps = [f"{said}SET @ylock_end = UNIX_TIMESTAMP(NOW(6)) + {seconds(wait)}",
-                 f"{said}SELECT GET_LOCK('{kx}', {seconds(wait)}) INTO @ylock_g",
-                 f"{head}SELECT IF(@ylock_g = 1, GET_LOCK('{row.mark}', 0), 0) INTO @ylock_m",
-                 f"{head}{inside}"]
-        if not read:
-            steps.append(f"{head}DELETE FROM {self.holds} WHERE lk = '{row.lk}' AND @ylock_m = 1 AND @ylock_r = 0")
+            # Rows of this lock, and of its readers: usually none, and then nothing more is read.
+            steps += [f"SELECT COUNT(*), COALESCE(SUM(mode = 'read'), 0) FROM {self.holds} WHERE lk = '{row.lk}' "
+                      "INTO @ylock_all, @ylock_n",
+                      f"{head}SELECT IF(@ylock_m = 1 AND @ylock_n > 0, (SELECT COUNT(*) FROM {self.holds} "
+                      f"WHERE lk = '{row.lk}' AND mode = 'read' AND NOT (GET_LOCK(mark, {left}) = 1 "
+                      "AND RELEASE_LOCK(mark) = 1)), 0) INTO @ylock_r",
+                      f"DELETE FROM {self.holds} WHERE lk = '{row.lk}' AND @ylock_m = 1 AND @ylock_r = 0 "
+                      "AND @ylock_all > 0"]
         steps += [f"{head}{self._insert(row, '@ylock_m = 1 AND @ylock_r = 0')}",
                   "SELECT IF(ROW_COUNT() > 0, LAST_INSERT_ID(), NULL) INTO @ylock_t",
                   f"SELECT @ylock_g, @ylock_t, IF(@ylock_g = 1 AND ({int(read)} OR @ylock_t IS NULL), "
@@ -185,10 +188,10 @@ class Statements:
         (released, or its session gone: then its row is deleted here). Sets @ylock_ok to 1
         if all ended in time. Every statement carries ``said``: the process list shows the
         waiter all along."""
-        parts = [f"{said}SET @ylock_end = UNIX_TIMESTAMP(NOW(6)) + {seconds(wait)}, @ylock_ok = 1"]
+        parts = [f"{said}SET @ylock_end = UNIX_TIMESTAMP(SYSDATE(6)) + {seconds(wait)}, @ylock_ok = 1"]
         for token, mark in holds:
             parts += [f"{said}SELECT IF(@ylock_ok = 1, GET_LOCK('{mark}', GREATEST(0, @ylock_end - "
-                      "UNIX_TIMESTAMP(NOW(6)))), 0) INTO @ylock_w",
+                      "UNIX_TIMESTAMP(SYSDATE(6)))), 0) INTO @ylock_w",
                       f"{said}DELETE FROM {self.holds} WHERE token = {int(token)} AND @ylock_w = 1",
                       f"{said}SELECT IF(@ylock_w = 1, RELEASE_LOCK('{mark}'), 0), IF(@ylock_w = 1, @ylock_ok, 0) "
                       "INTO @ylock_x, @ylock_ok"]
