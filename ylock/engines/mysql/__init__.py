@@ -31,7 +31,7 @@ after another as soon as the writer leaves, each in its own round trip but witho
 for the others. ``fair=False`` is served fairly too. A downgrade needs no round trip: the
 writer's turnstile keeps everyone out; at its write release its row becomes a reader's and
 the turnstile opens (queued readers enter, the next writer waits for its mark). Costs: an
-uncontended acquisition is one round trip of six short statements, with one row inserted
+uncontended acquisition is one round trip of four short statements (a writer: six), one row inserted
 (a commit) and one deleted at release; each hold keeps one connection.
 
 **Semaphores**: the queue is ``GET_LOCK(<prefix>.q.<key>)``; its head is admitted when fewer

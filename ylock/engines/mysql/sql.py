@@ -161,25 +161,23 @@ class Statements:
         read = row.mode == "read"
         # SYSDATE, not NOW: NOW() is the statement's start, and one statement waits for every reader.
         left = "GREATEST(0, @ylock_end - UNIX_TIMESTAMP(SYSDATE(6)))"
-        steps = [f"{said}SELECT UNIX_TIMESTAMP(SYSDATE(6)) + {seconds(wait)}, GET_LOCK('{kx}', {seconds(wait)}) "
-                 "INTO @ylock_end, @ylock_g",
-                 f"{head}SELECT IF(@ylock_g = 1, GET_LOCK('{row.mark}', 0), 0) INTO @ylock_m"]
+        granted = "@ylock_gm = 2 AND @ylock_r = 0"
+        # @ylock_gm: 0 (no turnstile), 1 (turnstile only: cannot happen, marks are unique), 2 (both).
+        steps = [f"{said}SELECT UNIX_TIMESTAMP(SYSDATE(6)) + {seconds(wait)}, CASE GET_LOCK('{kx}', {seconds(wait)}) "
+                 f"WHEN 1 THEN 1 + GET_LOCK('{row.mark}', 0) ELSE 0 END INTO @ylock_end, @ylock_gm"]
         if read:
             steps.append("SET @ylock_r = 0")
         else:
-            # Rows of this lock, and of its readers: usually none, and then nothing more is read.
-            steps += [f"SELECT COUNT(*), COALESCE(SUM(mode = 'read'), 0) FROM {self.holds} WHERE lk = '{row.lk}' "
-                      "INTO @ylock_all, @ylock_n",
-                      f"{head}SELECT IF(@ylock_m = 1 AND @ylock_n > 0, (SELECT COUNT(*) FROM {self.holds} "
-                      f"WHERE lk = '{row.lk}' AND mode = 'read' AND NOT (GET_LOCK(mark, {left}) = 1 "
-                      "AND RELEASE_LOCK(mark) = 1)), 0) INTO @ylock_r",
-                      f"DELETE FROM {self.holds} WHERE lk = '{row.lk}' AND @ylock_m = 1 AND @ylock_r = 0 "
-                      "AND @ylock_all > 0"]
-        steps += [f"{head}{self._insert(row, '@ylock_m = 1 AND @ylock_r = 0')}",
-                  "SELECT IF(ROW_COUNT() > 0, LAST_INSERT_ID(), NULL) INTO @ylock_t",
-                  f"SELECT @ylock_g, @ylock_t, IF(@ylock_g = 1 AND ({int(read)} OR @ylock_t IS NULL), "
-                  f"RELEASE_LOCK('{kx}'), NULL)",
-                  self._lease(lease)]
+            # The readers inside (waited for, each until it leaves or is found gone), and whether
+            # any row of this lock is left (a dead holder's, deleted): usually none.
+            steps += [f"{head}SELECT IF(@ylock_gm = 2, (SELECT COUNT(*) FROM {self.holds} WHERE lk = '{row.lk}' "
+                      f"AND mode = 'read' AND NOT (GET_LOCK(mark, {left}) = 1 AND RELEASE_LOCK(mark) = 1)), 0), "
+                      f"(SELECT COUNT(*) FROM {self.holds} WHERE lk = '{row.lk}') INTO @ylock_r, @ylock_all",
+                      f"DELETE FROM {self.holds} WHERE lk = '{row.lk}' AND {granted} AND @ylock_all > 0"]
+        steps += [f"SET SESSION wait_timeout = IF({granted}, {lease_seconds(lease)}, @@global.wait_timeout)",
+                  f"{head}{self._insert(row, granted)}",
+                  f"SELECT @ylock_gm >= 1, IF(ROW_COUNT() > 0, LAST_INSERT_ID(), NULL), "
+                  f"IF(@ylock_gm >= 1 AND ({int(read)} OR ROW_COUNT() <= 0), RELEASE_LOCK('{kx}'), NULL)"]
         return ";\n".join(steps)
 
     def wait_for(self, holds: list[tuple[int, str]], wait: float | None, said: str) -> str:

@@ -149,7 +149,7 @@ class HoldSteps:
         head = self._said(r, lk, LOCK, since, head=True)
         results = yield Query(conn, self.sql.lock_attempt(row, kx, self._left(r.deadline), r.lease, said, head),
                               self._end(r.deadline))
-        turnstile, token, _ = results[-2][0]
+        turnstile, token, _ = results[-1][0]
         if turnstile != b"1":
             return Attempt(None, False)        # not granted in time: the session holds nothing
         if token is None:
