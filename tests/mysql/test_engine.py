@@ -168,3 +168,51 @@ def test_a_writer_waiting_for_several_readers_keeps_its_one_deadline(mysql_engin
                                                                                               "n")))
     reader.start()
     assert reader.outcome() is True                      # the turnstile was given back
+
+
+def test_tls_from_url_options_and_pooled_tls_connections_are_reused(tmp_path_factory, group):
+    """``?ssl_ca=...&ssl_verify_identity=true`` on a server that requires TLS of the user (a
+    connection with ``?ssl_disabled=true`` is refused; PyMySQL asks for TLS unverified when
+    the server offers it and no option says otherwise); the pooled TLS connection serves the next lock (a TLS
+    session ticket that arrived meanwhile does not make it look stale)."""
+    import os
+    import pwd
+    import tempfile
+
+    from ylock.engines.mysql.ops import Open
+    from ylock.testing.mariadb import MariaDBServer
+    from ylock.testing.redis import make_tls_files
+
+    where = tempfile.mkdtemp(prefix="ylock-mariadb-tls-")
+    os.chmod(where, 0o755)
+    files = make_tls_files(where)
+    if os.geteuid() == 0:
+        mysql = pwd.getpwnam("mysql")
+        for path in (files.ca, files.cert, files.key):
+            os.chown(path, mysql.pw_uid, mysql.pw_gid)
+    server = MariaDBServer(settings={"ssl-ca": files.ca, "ssl-cert": files.cert, "ssl-key": files.key}).start()
+    try:
+        server.query("CREATE USER 'tlsuser'@'%' IDENTIFIED BY 'pw' REQUIRE SSL")
+        server.query(f"GRANT ALL ON `{server.database}`.* TO 'tlsuser'@'%'")
+        plain = ylock.engine_from_url(url_as(server, "tlsuser", "pw") + "?ssl_disabled=true")
+        with pytest.raises(ylock.EngineUnavailable, match="credentials"):
+            ylock.Lock(plain, group, "n").try_lock(1)
+        plain.close()
+        engine = ylock.engine_from_url(url_as(server, "tlsuser", "pw") + f"?ssl_ca={quote(str(files.ca))}"
+                                       "&ssl_verify_identity=true")
+        opened: list[object] = []
+        do = engine._do
+
+        def counting(op: Any) -> Any:
+            if isinstance(op, Open):
+                opened.append(op)
+            return do(op)
+        engine._do = counting
+        for _ in range(3):
+            with ylock.Lock(engine, group, "n").write(timeout=5):
+                pass
+            time.sleep(0.05)                              # room for the server's session tickets
+        assert len(opened) == 1, opened
+        engine.close()
+    finally:
+        server.cleanup()

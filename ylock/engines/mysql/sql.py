@@ -196,12 +196,13 @@ class Statements:
         return ";\n".join(parts) + ";\n"
 
     def release(self, token: int, mark: str, kx: str | None) -> str:
-        """The last hold of a connection ends: its row, its mark, and a writer's turnstile
-        (``kx``). Returns (1 if the mark was still this session's, ...); the session's idle
-        timeout goes back to the server's."""
+        """The last hold of a connection ends: its mark, a writer's turnstile (``kx``), then
+        its row (the next holder need not wait for that commit: a row whose mark is free is
+        a gone holder's to everyone). Returns (1 if the mark was still this session's, ...);
+        the session's idle timeout goes back to the server's."""
         turnstile = f", RELEASE_LOCK('{kx}')" if kx else ""
-        return (f"DELETE FROM {self.holds} WHERE token = {int(token)};\n"
-                f"SELECT RELEASE_LOCK('{mark}'){turnstile};\n"
+        return (f"SELECT RELEASE_LOCK('{mark}'){turnstile};\n"
+                f"DELETE FROM {self.holds} WHERE token = {int(token)};\n"
                 "SET SESSION wait_timeout = @@global.wait_timeout")
 
     def downgraded(self, token: int, kx: str) -> str:
@@ -249,14 +250,14 @@ class Statements:
 
     def describe(self, group: str | None, mariadb: bool) -> str:
         """Live holds (their mark taken) of ``group`` (None: all), and the waiting statements
-        of the process list (their leading comment says who waits for what) with how long
-        they have waited (ms), and the server's clock."""
+        of the process list in this database (their leading comment says who waits for what)
+        with how long they have waited (ms), and the server's clock."""
         elapsed = "TIME_MS" if mariadb else "TIME * 1000"
         where = "" if group is None else f"grp = {text(group)} AND "
         return (f"SELECT token, kind, mode, grp, name, owner, said, since, permits, conn FROM {self.holds} "
                 f"WHERE {where}IS_USED_LOCK(mark) IS NOT NULL ORDER BY grp, name, kind, token;\n"
                 f"SELECT ID, INFO, {elapsed}, UNIX_TIMESTAMP(NOW(6)) FROM information_schema.PROCESSLIST "
-                "WHERE INFO LIKE '/*ylock {%' AND ID <> CONNECTION_ID()")
+                "WHERE INFO LIKE '/*ylock {%' AND ID <> CONNECTION_ID() AND DB = DATABASE()")
 
     def holders(self, lk: str) -> str:
         """The sessions that hold a live hold of key ``lk`` (force_release kills them)."""

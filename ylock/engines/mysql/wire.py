@@ -198,10 +198,23 @@ class Wire:
     def stale(self) -> bool:
         """Return True if an idle connection turns out closed or unusable, without a round
         trip: the server sent something meanwhile (its goodbye when it ended the session:
-        ``wait_timeout``, ``KILL``, a shutdown) or closed it."""
+        ``wait_timeout``, ``KILL``, a shutdown) or closed it. Over TLS, what arrives may be the
+        protocol's own (a session ticket): that is read and the connection kept."""
+        if self.buf:
+            return True
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
-        return bool(poller.poll(0)) or bool(self.buf)
+        if not poller.poll(0):
+            return False
+        try:
+            data = self.sock.recv(4096)
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return False                       # TLS records of its own, no data: still fine
+        except OSError:
+            return True
+        if data:
+            self.buf += data                   # unasked-for data: an error packet; unusable
+        return True
 
     def close(self, quit: bool = True) -> None:
         """Close the socket (saying ``COM_QUIT`` first, without waiting, if ``quit``: the
