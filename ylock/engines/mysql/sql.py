@@ -196,13 +196,15 @@ class Statements:
         return ";\n".join(parts) + ";\n"
 
     def release(self, token: int, mark: str, kx: str | None) -> str:
-        """The last hold of a connection ends: its mark, a writer's turnstile (``kx``), then
-        its row (the next holder need not wait for that commit: a row whose mark is free is
-        a gone holder's to everyone). Returns (1 if the mark was still this session's, ...);
-        the session's idle timeout goes back to the server's."""
+        """The last hold of a connection ends: its row, then its mark and a writer's turnstile
+        (``kx``). In that order: the next writer, once it holds the turnstile and no reader is
+        inside, deletes every row of the lock that is left (a dead holder's), and a holder
+        deleting its own row at the same moment would be a deadlock between the two indexes.
+        Returns (1 if the mark was still this session's, ...); the session's idle timeout goes
+        back to the server's."""
         turnstile = f", RELEASE_LOCK('{kx}')" if kx else ""
-        return (f"SELECT RELEASE_LOCK('{mark}'){turnstile};\n"
-                f"DELETE FROM {self.holds} WHERE token = {int(token)};\n"
+        return (f"DELETE FROM {self.holds} WHERE token = {int(token)};\n"
+                f"SELECT RELEASE_LOCK('{mark}'){turnstile};\n"
                 "SET SESSION wait_timeout = @@global.wait_timeout")
 
     def downgraded(self, token: int, kx: str) -> str:

@@ -255,7 +255,7 @@ class HoldSteps:
                 if conn.cut:
                     raise                          # no answer: we closed it; the server frees the lock on noticing
                 return False                       # the server had ended the session: the lock was gone
-            return bool(results[0][0][0] == b"1")
+            return bool(results[1][0][0] == b"1")
         finally:
             conn.modes.discard(mode)
             if last or conn.broken:
