@@ -5,6 +5,7 @@ sessions' GET_LOCKs."""
 from __future__ import annotations
 
 import logging
+import textwrap
 import time
 import uuid
 from typing import Any
@@ -216,3 +217,27 @@ def test_tls_from_url_options_and_pooled_tls_connections_are_reused(tmp_path_fac
         engine.close()
     finally:
         server.cleanup()
+
+
+def test_driver_errors_are_translated_when_pymysql_also_stands_in_for_mysqldb(mariadb_server):
+    """Django's MySQL backend on PyMySQL (``install_as_MySQLdb()``) imports PyMySQL's modules a
+    second time as ``MySQLdb.*``, and a connection can then raise that copy's error classes:
+    they are still EngineUnavailable (the example project's demo once leaked them)."""
+    import subprocess
+    import sys
+
+    code = textwrap.dedent(f"""
+        import pymysql
+        pymysql.install_as_MySQLdb()
+        import MySQLdb.connections, MySQLdb.err
+        import ylock
+        for url in ("mysql://u:p@127.0.0.1:1/db?connect_timeout=0.5",
+                    "{url_as(mariadb_server, mariadb_server.user, 'wrong')}"):
+            try:
+                ylock.Lock(ylock.engine_from_url(url), "g", "n").try_lock(0)
+            except ylock.EngineUnavailable as exc:
+                print("translated", type(exc.__cause__).__module__)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("translated") == 2, done.stdout + done.stderr

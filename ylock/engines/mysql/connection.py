@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
-import pymysql
+from pymysql.connections import Connection as _PyMySQLConnection
 
 from ylock import options as opt
 from ylock.engines.base import parse_bool
@@ -130,13 +130,30 @@ class Conn:
         self.wire.close(quit=self.pending is None)
 
 
-class _DeadlineConnection(pymysql.connections.Connection):  # type: ignore[misc]
+_CONTEXTS: dict[tuple[tuple[str, str], ...], Any] = {}
+_CONTEXTS_LOCK = threading.Lock()
+
+
+class _DeadlineConnection(_PyMySQLConnection):  # type: ignore[misc]
     """PyMySQL's connection with every socket wait of its handshake bounded by one deadline
     (PyMySQL's own timeouts are per read: a server that trickles could stretch them)."""
 
     def __init__(self, *args: Any, deadline: float, **kwargs: Any) -> None:
         self._deadline = deadline
         super().__init__(*args, **kwargs)
+
+    def _create_ssl_ctx(self, sslp: Any) -> Any:
+        # One TLS context per set of options for the process: PyMySQL makes one per connection,
+        # and loading the system's CA bundle costs ~0.1 s of CPU with the GIL held (ten threads
+        # opening connections at once took 2 s each).
+        if not isinstance(sslp, dict):
+            return super()._create_ssl_ctx(sslp)
+        key = tuple(sorted((k, repr(v)) for k, v in sslp.items()))
+        with _CONTEXTS_LOCK:
+            context = _CONTEXTS.get(key)
+            if context is None:
+                context = _CONTEXTS[key] = super()._create_ssl_ctx(sslp)
+        return context
 
     @property
     def _read_timeout(self) -> float:
@@ -155,6 +172,20 @@ class _DeadlineConnection(pymysql.connections.Connection):  # type: ignore[misc]
         pass
 
 
+def driver_error(exc: BaseException) -> tuple[int, str, bool] | None:
+    """(errno, message, whether it is the caller's mistake: a ProgrammingError) of a PyMySQL
+    error, or None for anything else. By class name, not identity: Django's MySQL backend run
+    on PyMySQL (``pymysql.install_as_MySQLdb()``) imports PyMySQL's modules a second time as
+    ``MySQLdb.*``, and a connection may then raise the other copy's classes."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    if "MySQLError" not in names:
+        return None
+    args = exc.args
+    if args and isinstance(args[0], int):
+        return args[0], str(args[1]) if len(args) > 1 else str(exc), "ProgrammingError" in names
+    return 0, str(exc), "ProgrammingError" in names
+
+
 def keepalive_timing(keepalive: float) -> tuple[int, int]:
     """The keepalive idle time and probe interval (seconds) that notice a vanished peer
     within about ``keepalive`` seconds (three probes)."""
@@ -166,7 +197,7 @@ def handshake(target: Target, end: float, keepalive: float) -> tuple[Wire, int |
     within ``end`` (monotonic); return its socket as a :class:`Wire`, and our local port."""
     left = end - time.monotonic()
     if left <= 0:
-        raise pymysql.err.OperationalError(2003, "no time left to connect")
+        raise NoAnswer(f"no time left to connect within {end - time.monotonic() + left:.3g} s (connect_timeout)")
     kwargs: dict[str, Any] = {k: v for k, v in target.driver.items() if k != "unix_socket"}
     try:
         conn = _DeadlineConnection(host=target.host, port=target.port, user=target.user,
@@ -175,8 +206,9 @@ def handshake(target: Target, end: float, keepalive: float) -> tuple[Wire, int |
                                    charset="utf8mb4", autocommit=True, client_flag=_CLIENT_MULTI_STATEMENTS,
                                    connect_timeout=min(left, 31536000), program_name="ylock", deadline=end,
                                    **kwargs)
-    except pymysql.err.OperationalError as exc:
-        if time.monotonic() >= end - 0.002:
+    except Exception as exc:
+        found = driver_error(exc)
+        if found is not None and found[0] == 2013 and time.monotonic() >= end - 0.002:
             raise NoAnswer(f"no answer to the connection's handshake within {left:.3g} s (connect_timeout)") from exc
         raise
     sock: socket.socket = conn._sock

@@ -8,8 +8,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-import pymysql
-
 from ylock import options as opt
 from ylock.engines.base import (
     LOCK,
@@ -23,7 +21,7 @@ from ylock.engines.base import (
     run_steps,
     split_url_options,
 )
-from ylock.engines.mysql.connection import Hold, Target, parse_target, read_only_error
+from ylock.engines.mysql.connection import Hold, Target, driver_error, parse_target, read_only_error
 from ylock.engines.mysql.executor import Executor
 from ylock.engines.mysql.inspection import adopt_steps, lock_infos
 from ylock.engines.mysql.ops import Query
@@ -122,10 +120,11 @@ class MySQLEngine(Engine):
             return EngineUnavailable(f"MySQL at {where} did not answer within its timeout ({detail}); the "
                                      "connection was closed", group=group, name=name)
         errno, message = None, str(exc)
+        driver = driver_error(exc)
         if isinstance(exc, ServerError):
             errno, message = exc.errno, exc.message
-        elif isinstance(exc, pymysql.err.MySQLError) and exc.args and isinstance(exc.args[0], int):
-            errno, message = exc.args[0], str(exc.args[1]) if len(exc.args) > 1 else str(exc)
+        elif driver is not None:
+            errno, message = driver[0], driver[1]
         if errno in _READ_ONLY:
             error = read_only_error(where, group, name)
             error.__cause__ = exc
@@ -142,10 +141,9 @@ class MySQLEngine(Engine):
             return LockError(f"MySQL at {where} refused: {message} (the engine's user needs CREATE, INSERT, "
                              f"DELETE, UPDATE and SELECT on {self.target.database}.{self.prefix}_*, and to kill "
                              "the holders' sessions for force_release)", group=group, name=name)
-        if isinstance(exc, (Broken, OSError)) or (isinstance(exc, pymysql.err.MySQLError)
-                                                  and not isinstance(exc, pymysql.err.ProgrammingError)):
+        if isinstance(exc, (Broken, OSError)) or (driver is not None and not driver[2]):
             return EngineUnavailable(f"MySQL at {where} is unavailable: {message}", group=group, name=name)
-        if isinstance(exc, (ServerError, pymysql.err.MySQLError)):
+        if isinstance(exc, ServerError) or driver is not None:
             return LockError(f"MySQL at {where} failed: {message}", group=group, name=name)
         return exc
 
