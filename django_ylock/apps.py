@@ -26,7 +26,7 @@ class YLockConfig(AppConfig):
         from django_ylock import checks, conf, request_lock, signals  # noqa: F401 - registers the checks
 
         # django://ALIAS before anything reads the engine settings (the core names no plugin).
-        ylock.engines.register_scheme("django", "django_ylock.database.DjangoDatabaseEngine", extra="postgres")
+        ylock.engines.register_scheme("django", "django_ylock.databases.DjangoEngines")
 
         # Servers do not run system checks: an invalid YLOCK stops the app here, at
         # startup, naming every problem (``manage.py check`` reports them as checks instead).

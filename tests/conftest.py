@@ -14,12 +14,14 @@ import pytest
 
 import ylock
 from ylock.holds import HOLDS
+from ylock.testing.mariadb import MariaDBServer
 from ylock.testing.pgbouncer import PgBouncer
 from ylock.testing.postgres import PostgresServer
 from ylock.testing.redis import RedisCluster, RedisSentinel, RedisServer
 from ylock.testing.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 
-CONTRACT_ENGINES = ["local", "redis", "redis_cluster", "redis_sentinel", "zookeeper", "zookeeper_ensemble", "postgres"]
+CONTRACT_ENGINES = ["local", "redis", "redis_cluster", "redis_sentinel", "zookeeper", "zookeeper_ensemble", "postgres",
+                    "mysql"]
 
 _S = TypeVar("_S")
 _servers: list[object] = []   # whatever has a read_log(), for failure reports
@@ -134,6 +136,16 @@ def postgres_server() -> Iterator[PostgresServer]:
 @pytest.fixture
 def postgres_engine(postgres_server: PostgresServer) -> Iterator[ylock.Engine]:
     yield from _engine(postgres_server.url)
+
+
+@pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[MariaDBServer]:
+    yield from _serving(MariaDBServer().start(), lambda server: server.cleanup())
+
+
+@pytest.fixture
+def mysql_engine(mariadb_server: MariaDBServer) -> Iterator[ylock.Engine]:
+    yield from _engine(mariadb_server.url)
 
 
 #: A role of the test PostgreSQL server whose own defaults differ from every setting ylock

