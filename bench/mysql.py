@@ -29,8 +29,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import ylock
-from bench.contended import analyse
 from bench.common import bench_parser, machine, paired, paired_ratio, rate, run_bench, stats, with_steal
+from bench.contended import analyse
 from ylock.testing.mariadb import MariaDBServer
 from ylock.testing.postgres import PostgresServer
 
