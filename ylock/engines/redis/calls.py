@@ -51,6 +51,7 @@ import collections
 import contextlib
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import redis.exceptions as rex
@@ -187,6 +188,11 @@ class DirectCalls(_Calls):
         """Send ``commands`` in one round trip (pipelined, not a transaction) and return
         their raw replies; an error reply raises (after the rest are read). Best effort:
         no reconnection (its users can do without a lost one)."""
+        return raise_first_error(self.pipeline(commands, end))
+
+    def pipeline(self, commands: Sequence[tuple[Any, ...]], end: float | None = None) -> list[Any]:
+        """:meth:`many` that returns every reply, an error reply as its exception (the
+        watchdog's renewals: each reply is one hold's)."""
         try:
             conn = self.idle.pop()
         except IndexError:
@@ -194,15 +200,16 @@ class DirectCalls(_Calls):
         self._refresh(conn)
         try:
             send(conn, commands[0], end)
-            for args in commands[1:]:
-                write(conn, conn.ylock_pack(*args))
+            if len(commands) > 1:
+                pack = conn.ylock_pack
+                write(conn, [b"".join([part for args in commands[1:] for part in pack(*args)])])
             replies = read_all(conn.ylock_read, len(commands))
         except BaseException:
             conn.disconnect()
             self.checkin(conn)
             raise
         self.checkin(conn)
-        return raise_first_error(replies)
+        return replies
 
     def _refresh(self, conn: Any) -> None:
         """Reconnect ``conn`` before its use if it is stale (see :meth:`_Calls._stale`)."""
