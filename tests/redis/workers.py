@@ -61,3 +61,48 @@ def wait_in_queue(url: str, group: str, conn: Any) -> None:
     conn.send(("owner", ylock.current_owner()))
     ylock.Lock(engine, group, "n", polling=ylock.Polling.constant(0.2)).lock(timeout=60)
     conn.send(("acquired", None))
+
+
+def hammer(url: str, group: str, names: list[str], directory: str, stop_path: str, timeout: float,
+           conn: Any, threads: int = 3) -> None:
+    """Take the write locks of ``names`` (a random one at a time) in ``threads`` threads until
+    ``stop_path`` exists, writing inside each hold through its name's fenced register and
+    counter (:class:`tests.faults.workers.Checkers`, under ``directory``); send the records,
+    every lock and release call's outcome and duration, and the Cluster redirections met."""
+    import random
+    import threading
+
+    from tests.faults.workers import Checkers, write_inside
+
+    engine = ylock.engine_from_url(url)
+    checkers = {n: Checkers(os.path.join(directory, n)) for n in names}
+    records: list[Any] = []
+    calls: list[tuple[str, float, str]] = []          # (verb, seconds, outcome)
+    mutex = threading.Lock()
+
+    def run(who: str) -> None:
+        rng = random.Random(f"{os.getpid()}:{who}")
+        while not os.path.exists(stop_path):
+            name = rng.choice(names)
+            lock = ylock.Lock(engine, group, name, lease=5.0)
+            started = time.monotonic()
+            try:
+                lock.lock(timeout=timeout)
+            except ylock.LockError as exc:
+                with mutex:
+                    calls.append(("lock", time.monotonic() - started, type(exc).__name__))
+                continue
+            acquired = time.monotonic()
+            record = write_inside(lock, who, checkers[name], writes=2)
+            with mutex:
+                calls.append(("lock", acquired - started, "ok"))
+                calls.append(("unlock", (record.released or record.ended) - record.ended, record.outcome))
+                records.append((name, record))
+
+    workers = [threading.Thread(target=run, args=(f"{os.getpid()}-{i}",)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    conn.send((records, calls, engine.cluster_redirections()))
+    engine.close()

@@ -27,6 +27,7 @@ A call that meets ``TRYAGAIN`` until its ``end`` raises :class:`redis.exceptions
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 from typing import Any
@@ -78,6 +79,9 @@ class _Routing:
     def __init__(self, client: Any, socket_timeout: float) -> None:
         self.client = client
         self.socket_timeout = socket_timeout
+        #: How many replies of each redirection ("ask", "moved", "tryagain") this process
+        #: met (what a slot migration cost it: tests and ``python -m bench.scale`` read it).
+        self.redirections: collections.Counter[str] = collections.Counter()
 
     def node_for(self, slot: int) -> Any:
         return self.client.nodes_manager.get_node_from_slot(slot)
@@ -150,12 +154,15 @@ class ClusterCalls(_Routing):
                 if asking is not None:
                     return calls.many(("ASKING",), args, end=bound)[1]
                 return calls(*args, end=bound)
-            except rex.AskError as exc:
-                asking = self.node_at(exc)
-            except rex.MovedError as exc:
+            except rex.MovedError as exc:          # (before AskError: redis-py makes it one)
+                self.redirections["moved"] += 1
                 move_slot(self.client, exc)
                 asking = None
+            except rex.AskError as exc:
+                self.redirections["ask"] += 1
+                asking = self.node_at(exc)
             except rex.TryAgainError:
+                self.redirections["tryagain"] += 1
                 asking = None
                 left = bound - time.monotonic()
                 if left <= TRYAGAIN_PAUSE:
@@ -203,12 +210,15 @@ class AsyncClusterCalls(_Routing):
                 if asking is not None:
                     return (await calls.many(("ASKING",), args, end=bound))[1]
                 return await calls(*args, end=bound)
-            except rex.AskError as exc:
-                asking = await asyncio.to_thread(self.node_at, exc)
-            except rex.MovedError as exc:
+            except rex.MovedError as exc:          # (before AskError: redis-py makes it one)
+                self.redirections["moved"] += 1
                 move_slot(self.client, exc)
                 asking = None
+            except rex.AskError as exc:
+                self.redirections["ask"] += 1
+                asking = await asyncio.to_thread(self.node_at, exc)
             except rex.TryAgainError:
+                self.redirections["tryagain"] += 1
                 asking = None
                 left = bound - time.monotonic()
                 if left <= TRYAGAIN_PAUSE:

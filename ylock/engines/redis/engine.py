@@ -249,6 +249,14 @@ class RedisEngine(AsyncVerbs, Engine):
         with self._errors():
             self.client.ping()
 
+    def cluster_redirections(self) -> dict[str, int]:
+        """How many ``ASK``, ``MOVED`` and ``TRYAGAIN`` replies this process's calls met on a
+        Redis Cluster (slot migrations, failovers), by kind ("ask", "moved", "tryagain", and
+        the renewals' own as "renew ask"...); empty off a Cluster. Each was followed within
+        its call's time (see :mod:`ylock.engines.redis.cluster`)."""
+        call = self._call
+        return dict(getattr(call, "redirections", {}))
+
     # -- ownership ------------------------------------------------------------------------
 
     def _keys_of(self, group: str, name: str, mode: str) -> tuple[str, ...]:

@@ -130,12 +130,15 @@ def _renew_cluster(engine: EngineParts, commands: list[tuple[Any, ...]], results
                 for (index, _), reply in zip(part, replies):
                     if not isinstance(reply, Exception):
                         results[index] = bool(reply)
-                    elif isinstance(reply, rex.AskError):
-                        pending.append((index, calls.node_at(reply)))
-                    elif isinstance(reply, rex.MovedError):
+                    elif isinstance(reply, rex.MovedError):      # (before AskError: redis-py makes it one)
+                        calls.redirections["renew moved"] += 1
                         move_slot(calls.client, reply)
                         pending.append((index, None))
+                    elif isinstance(reply, rex.AskError):
+                        calls.redirections["renew ask"] += 1
+                        pending.append((index, calls.node_at(reply)))
                     elif isinstance(reply, rex.TryAgainError):
+                        calls.redirections["renew tryagain"] += 1
                         pending.append((index, None))
                         tried_again = True
         if pending and time.monotonic() + (TRYAGAIN_PAUSE if tried_again else 0) >= bound:
