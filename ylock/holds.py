@@ -285,23 +285,19 @@ class HoldTable:
     def due(self, now: float, spread: int = 0) -> dict[Engine, list[tuple[Hold, Renewal]]]:
         """Return, per engine, the renewals due by ``now``, and those due within a sixth of
         their lease from ``now`` (taking holds due a little later along coalesces them into
-        few batches), earliest first; with ``spread``, no more of the early ones than make a
-        batch of ``spread`` (what is due is always taken): a large crowd of holds is renewed
-        in batches spread over the window rather than all at once. Call with :attr:`changed` held."""
+        few batches), earliest first; with ``spread``, no more of the early ones than make
+        ``spread`` renewals in all (what is due is always taken): a large crowd of holds is
+        renewed in batches spread over the window rather than all at once. Costs O(log n) per
+        renewal taken. Call with :attr:`changed` held."""
         batches: dict[Engine, list[tuple[Hold, Renewal]]] = {}
-        left_behind = []
+        taken = 0
         while (top := self._top()) is not None:
             due, _, renewal, hold = top
-            if due > now + renewal.item.lease / 6:
-                break
+            if due > now + renewal.item.lease / 6 or (spread and due > now and taken >= spread):
+                break           # (the heap is in due order: what follows is no more due)
             heapq.heappop(self._heap)
-            batch = batches.setdefault(hold.engine, [])
-            if spread and due > now and len(batch) >= spread:
-                left_behind.append(top)
-                continue
-            batch.append((hold, renewal))
-        for entry in left_behind:
-            heapq.heappush(self._heap, entry)
+            batches.setdefault(hold.engine, []).append((hold, renewal))
+            taken += 1
         return batches
 
     def renewed(self, batch: list[tuple[Hold, Renewal]], results: list[bool | None], started: float) -> \

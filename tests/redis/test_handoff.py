@@ -216,7 +216,7 @@ def test_a_waiter_that_says_nothing_costs_no_note_and_is_described_from_its_gran
     runner = _queue(redis_engine, group, "quiet", "write", tokens, release)
     (waiter,) = [w.split(":", 1)[1] for w in waiters(redis_engine, group, "quiet")]
     base = f"ylock:{{{group}:quiet}}"
-    assert client.hget(f"{base}:w", waiter).decode().endswith("|1|"), "a request that says nothing ends with fair|"
+    assert client.hget(f"{base}:w", waiter).decode().endswith("|1||"), "a request that says nothing ends with fair||"
     assert sorted(k.decode() for k in client.scan_iter(match=f"{base}:*")) == \
         sorted(f"{base}:{k}" for k in ("x", "q", "w")), "queueing wrote a key beyond the queue and its request"
     assert _info(redis_engine, group, "quiet").context[waiter]["since"] > 0      # described from its request

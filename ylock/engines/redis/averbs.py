@@ -35,6 +35,8 @@ class AsyncVerbs(_Engine):
         keys, args = self._request(r)
         loop = asyncio.get_running_loop()
         side = self._async.get(loop) or await open_side(self)
+        if side.hub is not None:
+            args[6] = side.hub.hub_id            # grants go to the loop's hub (see NotifyHub)
         reply = None
         if not self.wait_replicas and (r.deadline is None or time.monotonic() < r.deadline):
             # The first try awaited here, as :meth:`acquire` does it: an uncontended lock costs

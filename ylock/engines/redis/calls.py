@@ -57,6 +57,7 @@ from typing import Any
 import redis.exceptions as rex
 
 from ylock.engines.redis.asockets import aread, awrite, exchange
+from ylock.engines.redis.resp import pack as pack_command
 from ylock.engines.redis.resp import packer
 from ylock.engines.redis.sockets import raise_first_error, read_all, reader, send, write
 
@@ -190,19 +191,25 @@ class DirectCalls(_Calls):
         no reconnection (its users can do without a lost one)."""
         return raise_first_error(self.pipeline(commands, end))
 
-    def pipeline(self, commands: Sequence[tuple[Any, ...]], end: float | None = None) -> list[Any]:
+    def pipeline(self, commands: Sequence[tuple[Any, ...]], end: float | None = None,
+                 packed: bytes | None = None) -> list[Any]:
         """:meth:`many` that returns every reply, an error reply as its exception (the
-        watchdog's renewals: each reply is one hold's)."""
+        watchdog's renewals: each reply is one hold's). ``packed``: the commands packed
+        already as :func:`~ylock.engines.redis.resp.pack` packs them, sent as they are on a
+        connection that packs so (else ``commands`` are packed for it)."""
         try:
             conn = self.idle.pop()
         except IndexError:
             conn = self.checkout(end)
         self._refresh(conn)
         try:
-            send(conn, commands[0], end)
-            if len(commands) > 1:
-                pack = conn.ylock_pack
-                write(conn, [b"".join([part for args in commands[1:] for part in pack(*args)])])
+            if packed is not None and conn.ylock_pack is pack_command:
+                send(conn, (), end, [packed])
+            else:
+                send(conn, commands[0], end)
+                if len(commands) > 1:
+                    pack = conn.ylock_pack
+                    write(conn, [b"".join([part for args in commands[1:] for part in pack(*args)])])
             replies = read_all(conn.ylock_read, len(commands))
         except BaseException:
             conn.disconnect()

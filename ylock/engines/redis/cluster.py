@@ -84,7 +84,10 @@ class _Routing:
         self.redirections: collections.Counter[str] = collections.Counter()
 
     def node_for(self, slot: int) -> Any:
-        return self.client.nodes_manager.get_node_from_slot(slot)
+        try:
+            return self.client.nodes_manager.get_node_from_slot(slot)
+        except (IndexError, KeyError) as exc:       # the map read anew by another thread meanwhile
+            raise rex.ClusterDownError(f"no node serves slot {slot} in the slot map now ({exc!r})") from exc
 
     def node_for_key(self, key: Any) -> Any:
         return self.node_for(_slot(key))
@@ -174,10 +177,13 @@ class ClusterCalls(_Routing):
                 retried, asking = True, None
                 self.refresh()
 
-    def pipeline_on(self, node: Any, commands: list[tuple[Any, ...]], end: float | None) -> list[Any]:
-        """Send ``commands`` to ``node`` in one round trip; return their replies, an error
-        reply as its exception (the caller routes each: see :mod:`.renewal`)."""
-        return self.node_calls(node).pipeline(commands, time.monotonic() + self.socket_timeout if end is None else end)
+    def pipeline_on(self, node: Any, commands: list[tuple[Any, ...]], end: float | None,
+                    packed: bytes | None = None) -> list[Any]:
+        """Send ``commands`` (``packed`` already, if given) to ``node`` in one round trip;
+        return their replies, an error reply as its exception (the caller routes each: see
+        :mod:`.renewal`)."""
+        return self.node_calls(node).pipeline(commands, time.monotonic() + self.socket_timeout if end is None else end,
+                                              packed)
 
 
 class AsyncClusterCalls(_Routing):

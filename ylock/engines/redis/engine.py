@@ -137,6 +137,7 @@ class RedisEngine(AsyncVerbs, Engine):
         self._call: Any = None     # DirectCalls, or ClusterCalls on a Cluster
         self._hub: ThreadNotifyHub | None = None     # where threads wait for grants (not on Cluster)
         self._renew_calls: DirectCalls | None = None  # the watchdog's connection (see renewal.py)
+        self._inspect_calls: DirectCalls | None = None    # the listings' (see inspection.py)
         self._refusals = Refusals()      # commands the server refused us (an ACL), logged once
         self._init_lock = threading.Lock()
         self._async: dict[asyncio.AbstractEventLoop, AsyncSide] = {}
@@ -190,14 +191,14 @@ class RedisEngine(AsyncVerbs, Engine):
         self._client = None
         self._call = None
         self._hub = None
-        self._renew_calls = None
+        self._renew_calls = self._inspect_calls = None
         self._init_lock = threading.Lock()
         self._async = {}          # the parent's loops do not run here; their sockets are the parent's
 
     def close(self) -> None:
         client, self._client = self._client, None
         self._call = None
-        self._renew_calls = None
+        self._renew_calls = self._inspect_calls = None
         self._hub = None          # its thread ends when the connections close under it
         if client is not None:
             with contextlib.suppress(Exception):
@@ -269,13 +270,14 @@ class RedisEngine(AsyncVerbs, Engine):
 
     def _request(self, r: AcquireRequest) -> tuple[tuple[str, ...], list[Any]]:
         """The acquire script's keys (the lock's, then the owner's notify list) and arguments
-        for ``r``'s first try (a semaphore's script takes its permit count in the mode's place)."""
+        for ``r``'s first try (a semaphore's script takes its permit count in the mode's place;
+        the last, the notify hub the owner waits through, is the asyncio verbs' to set)."""
         mode = r.mode
         keys = self._lock_keys.get((r.group, r.name, mode)) or self._keys_of(r.group, r.name, mode)
         return ((*keys, f"{keys[0][:-2]}:n:{r.owner}"),
                 [r.owner, r.permits if r.mode == PERMIT else r.mode,
                  FIRST_TRY[r.fair], int(r.lease * 1000),
-                 int(r.polling.waiter_lease * 1000), r.context])
+                 int(r.polling.waiter_lease * 1000), r.context, ""])
 
     def acquire(self, request: AcquireRequest) -> int | None:
         r = request

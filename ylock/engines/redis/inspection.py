@@ -10,6 +10,7 @@ from typing import Any
 import redis.exceptions as rex
 
 from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, WRITE, Listing, LockInfo, check_limit, holder_context
+from ylock.engines.redis.calls import DirectCalls
 from ylock.engines.redis.parts import EngineParts
 
 __all__ = ["describe", "describe_lock", "publish_stats", "read_stats"]
@@ -117,8 +118,7 @@ def _describe_many(engine: EngineParts, batch: list[Entry]) -> Iterator[Any]:
     script = engine._scripts["describe"]
     lock_keys = [keys.lock(g, n, PERMIT if semaphore else WRITE) for g, n, semaphore in batch]
     if not keys.cluster:
-        replies = _pipelined(engine.client, script, lock_keys)
-        yield from replies
+        yield from _pipelined(engine, script, lock_keys)
         return
     calls = engine._caller()
     by_node: dict[str, tuple[Any, list[int]]] = {}
@@ -136,22 +136,34 @@ def _describe_many(engine: EngineParts, batch: list[Entry]) -> Iterator[Any]:
     yield from out
 
 
-def _pipelined(client: Any, script: Any, lock_keys: list[tuple[str, ...]]) -> list[Any]:
-    """EVALSHA ``script`` for each key list in one pipeline, loading it first if the server
-    lost it."""
+def _pipelined(engine: EngineParts, script: Any, lock_keys: list[tuple[str, ...]]) -> list[Any]:
+    """EVALSHA ``script`` for each key list in one round trip (packed and read as the lock
+    path does: redis-py's pipeline spent most of a listing's time packing and parsing),
+    loading it first if the server lost it."""
+    calls = _inspection_calls(engine)
     for attempt in (0, 1):
-        pipe = client.pipeline(transaction=False)
-        for k in lock_keys:
-            pipe.execute_command("EVALSHA", script.sha, len(k), *k)
-        replies = pipe.execute(raise_on_error=False)
+        end = time.monotonic() + engine.socket_timeout
+        replies = calls.pipeline([("EVALSHA", script.sha, len(k), *k) for k in lock_keys], end)
         if attempt == 0 and any(isinstance(r, rex.NoScriptError) for r in replies):
-            script.sha = _text(client.script_load(script.script))
+            script.sha = _text(calls("SCRIPT", "LOAD", script.script, end=end))
             continue
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
-        return list(replies)
+        return replies
     raise AssertionError("unreachable")
+
+
+def _inspection_calls(engine: EngineParts) -> DirectCalls:
+    """The direct calls of listings: two connections of the client's pool (the reserve the
+    lock path leaves), made on first use."""
+    calls: DirectCalls | None = engine._inspect_calls
+    pool = engine.client.connection_pool
+    if calls is None or calls.pool is not pool:
+        calls = DirectCalls(pool)
+        calls.share = 2
+        engine._inspect_calls = calls
+    return calls
 
 
 def _info(entry: Entry, reply: Any) -> LockInfo | None:

@@ -29,6 +29,7 @@ class EngineParts(Protocol):
     _async: dict[asyncio.AbstractEventLoop, Any]      # each loop's AsyncSide (aio.py)
     _scripts: dict[str, Any]                          # the registered scripts, by name
     _renew_calls: Any                                 # the watchdog's direct calls (renewal.py)
+    _inspect_calls: Any                               # the listings' direct calls (inspection.py)
     _lock_keys: dict[tuple[str, str, str], tuple[str, ...]]   # the keys of the locks in use
 
     @property

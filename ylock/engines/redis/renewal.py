@@ -21,7 +21,7 @@ from typing import Any
 
 import redis.exceptions as rex
 
-from ylock.engines.base import RenewItem
+from ylock.engines.base import WRITE, RenewItem
 from ylock.engines.redis.calls import DirectCalls
 from ylock.engines.redis.cluster import TRYAGAIN_PAUSE, move_slot
 from ylock.engines.redis.parts import EngineParts
@@ -37,29 +37,66 @@ def renew(engine: EngineParts, items: Sequence[RenewItem]) -> list[bool | None]:
     if not items:
         return results
     engine.client  # noqa: B018 - builds the client and registers the scripts on first use
-    script = engine._scripts["renew"]
+    sha = engine._scripts["renew"].sha
+    packer = _Packer(sha)
+    lock_keys = engine._lock_keys
     keys_of = engine.keys.renewed
     commands = []
+    packed = []
     for item in items:
-        keys = keys_of(item.group, item.name, item.mode)
-        commands.append(("EVALSHA", script.sha, len(keys), *keys, item.owner, item.mode, int(item.lease * 1000)))
+        cached = lock_keys.get((item.group, item.name, item.mode))     # the keys the acquisition used
+        if cached is None:
+            keys = keys_of(item.group, item.name, item.mode)
+        else:
+            keys = (cached[0],) if item.mode == WRITE else (cached[3], cached[4])
+        lease = int(item.lease * 1000)
+        commands.append(("EVALSHA", sha, len(keys), *keys, item.owner, item.mode, lease))
+        packed.append(packer.pack(keys, item.owner, item.mode, lease))
     try:
         if engine.keys.cluster:
-            _renew_cluster(engine, commands, results)
+            _renew_cluster(engine, commands, packed, results)
         else:
-            _renew_one(engine, commands, results)
+            _renew_one(engine, commands, packed, results)
     except Exception as exc:  # noqa: BLE001 - the watchdog marks what it could not tell as unknown
         error = engine._translate(exc, None, None)
         logger.warning("ylock: Redis unavailable while renewing %d holds: %s", len(items), error)
     return results
 
 
-def _renew_one(engine: EngineParts, commands: list[tuple[Any, ...]], results: list[bool | None]) -> None:
+class _Packer:
+    """Pack renew script calls as :func:`~ylock.engines.redis.resp.pack` does, a batch at a
+    time: the parts every call of a batch shares (the script, the owner, the mode, the
+    lease: one thread's holds) are packed once."""
+
+    def __init__(self, sha: str) -> None:
+        self.heads = {n: b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%b\r\n$1\r\n%d\r\n" % (n + 6, len(sha), sha.encode(), n)
+                      for n in (1, 2)}
+        self.tails: dict[tuple[str, str, int], bytes] = {}
+
+    def pack(self, keys: tuple[str, ...], owner: str, mode: str, lease: int) -> bytes:
+        tail = self.tails.get((owner, mode, lease))
+        if tail is None:
+            tail = self.tails[owner, mode, lease] = b"".join(
+                b"$%d\r\n%b\r\n" % (len(a), a) for a in (owner.encode(), mode.encode(), b"%d" % lease))
+        parts = [self.heads[len(keys)]]
+        for key in keys:
+            raw = key.encode()
+            parts.append(b"$%d\r\n%b\r\n" % (len(raw), raw))
+        parts.append(tail)
+        return b"".join(parts)
+
+
+#: ASKING, packed (before a call sent to the target of a migrating slot).
+_ASKING = b"*1\r\n$6\r\nASKING\r\n"
+
+
+def _renew_one(engine: EngineParts, commands: list[tuple[Any, ...]], packed: list[bytes],
+               results: list[bool | None]) -> None:
     """One server (or a Sentinel's master): the chunks on the watchdog's own connection."""
     calls = _watchdog_calls(engine)
     chunk = engine.renew_chunk
     for start in range(0, len(commands), chunk):
-        replies = _pipeline(engine, calls, commands[start:start + chunk])
+        replies = _pipeline(engine, calls, commands[start:start + chunk], packed[start:start + chunk])
         for index, reply in enumerate(replies, start):
             results[index] = None if isinstance(reply, Exception) else bool(reply)
 
@@ -75,27 +112,29 @@ def _watchdog_calls(engine: EngineParts) -> DirectCalls:
     return calls
 
 
-def _pipeline(engine: EngineParts, calls: Any, commands: list[tuple[Any, ...]], node: Any = None) -> list[Any]:
+def _pipeline(engine: EngineParts, calls: Any, commands: list[tuple[Any, ...]], packed: list[bytes],
+              node: Any = None) -> list[Any]:
     """Send ``commands`` in one round trip (on ``node`` of a Cluster); load the script and
     send again those the server answered ``NOSCRIPT`` (a restart, a failover, SCRIPT FLUSH)."""
     end = time.monotonic() + engine.socket_timeout
-    replies: list[Any] = (calls.pipeline_on(node, commands, end) if node is not None
-                          else calls.pipeline(commands, end))
+
+    def send(subset: list[tuple[Any, ...]], raw: bytes | None) -> list[Any]:
+        if node is not None:
+            return calls.pipeline_on(node, subset, end, raw)  # type: ignore[no-any-return]
+        return calls.pipeline(subset, end, raw)  # type: ignore[no-any-return]
+    replies = send(commands, b"".join(packed))
     missing = [i for i, reply in enumerate(replies) if isinstance(reply, rex.NoScriptError)]
     if missing:
-        script = engine._scripts["renew"]
-        load = [("SCRIPT", "LOAD", script.script)]
-        loaded = calls.pipeline_on(node, load, end) if node is not None else calls.pipeline(load, end)
+        loaded = send([("SCRIPT", "LOAD", engine._scripts["renew"].script)], None)
         if isinstance(loaded[0], Exception):
             raise loaded[0]
-        again = [commands[i] for i in missing]
-        for i, reply in zip(missing, calls.pipeline_on(node, again, end) if node is not None
-                            else calls.pipeline(again, end)):
+        for i, reply in zip(missing, send([commands[i] for i in missing], b"".join(packed[i] for i in missing))):
             replies[i] = reply
     return replies
 
 
-def _renew_cluster(engine: EngineParts, commands: list[tuple[Any, ...]], results: list[bool | None]) -> None:
+def _renew_cluster(engine: EngineParts, commands: list[tuple[Any, ...]], packed: list[bytes],
+                   results: list[bool | None]) -> None:
     """A Cluster: per node and chunk, following the redirections of a slot migration (see
     the module docstring) for one socket timeout at most."""
     calls = engine._caller()
@@ -113,13 +152,16 @@ def _renew_cluster(engine: EngineParts, commands: list[tuple[Any, ...]], results
             for start in range(0, len(group), engine.renew_chunk):
                 part = group[start:start + engine.renew_chunk]
                 asked = part[0][1] is not None
-                sent = []
+                sent: list[tuple[Any, ...]] = []
+                raw: list[bytes] = []
                 for index, _ in part:
                     if asked:
                         sent.append(("ASKING",))
+                        raw.append(_ASKING)
                     sent.append(commands[index])
+                    raw.append(packed[index])
                 try:
-                    replies = _pipeline(engine, calls, sent, node)
+                    replies = _pipeline(engine, calls, sent, raw, node)
                 except (rex.ConnectionError, rex.TimeoutError):
                     logger.warning("ylock: Redis Cluster node %s unavailable while renewing %d holds", node.name,
                                    len(part))

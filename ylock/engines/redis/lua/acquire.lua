@@ -4,6 +4,7 @@
 -- ARGV[3] flags: three characters "1"/"0": fair, stay (wait in the queue if not acquired;
 --         "0" is the last try: leave the queue), queued (the owner may be in the queue)
 -- ARGV[4] lease ms   ARGV[5] waiter lease ms   ARGV[6] what the owner is doing (JSON, or "")
+-- ARGV[7] the notify hub the owner waits through ("": its own notify list; see common.lua)
 -- Every grant made here lasts min(lease, waiter lease) until the owner's watchdog renews it to
 -- the full lease (its first renewal comes a third of the waiter lease later): an acquisition
 -- whose answer never reached its owner (a timeout, a frozen server that ran the script after
@@ -34,7 +35,7 @@ if mode == 'write' and not queued and fair and stay then
   local _, dl, _, writer = x_record()
   local now = clock()
   if writer and writer ~= '' and writer ~= o and dl > now then
-    enqueue(o, request('write', ARGV[4], now, ARGV[5], '1', ARGV[6]), wlease)
+    enqueue(o, request('write', ARGV[4], now, ARGV[5], '1', ARGV[6], ARGV[7]), wlease)
     return {0, dl - now}
   end
 end
@@ -95,7 +96,7 @@ if stay then
   -- liveness, so a poll refreshes one field.
   if not (queued and refresh(o, now + wlease)) then
     index_add()                        -- a lock with a queue is listed
-    enqueue(o, request(mode, ARGV[4], now, ARGV[5], string.sub(ARGV[3], 1, 1), ARGV[6]), wlease)
+    enqueue(o, request(mode, ARGV[4], now, ARGV[5], string.sub(ARGV[3], 1, 1), ARGV[6], ARGV[7]), wlease)
   else
     extend(K.q, wlease)
     extend(K.w, wlease)

@@ -16,9 +16,9 @@
 --              retention period, so the fence outlives the last hold by the retention.
 --   KEYS[2] q  waiter queue: list of owners, FIFO; PX = the longest waiter lease
 --   KEYS[3] w  the waiters' requests: hash owner -> "<alive until ms>|mode|lease_ms|since_ms|
---              waiter_lease_ms|fair|<context JSON>" (every poll moves "alive until" on; a
+--              waiter_lease_ms|fair|<hub>|<context JSON>" (every poll moves "alive until" on; a
 --              waiter past it is dead, and evicted when it reaches the head of the queue);
---              an owner is in w exactly when it is in q (so "am I queued" is one HEXISTS)
+--              an owner is in w exactly when it is in q (so "am I queued" is one field)
 --   KEYS[4] s  shared owners: zset owner -> lease deadline (ms, Redis time); key PX = latest deadline
 --   KEYS[5] t  the shared owners' tokens and what they are doing: hash owner -> "<token>[|<ctx>]"
 --   KEYS[6] i  the index of what is held and queued (see keys.py): on one server the set
@@ -30,6 +30,10 @@
 -- Other owners' notify lists, "<base>:n:<owner>", are not declared (a script cannot know
 -- whom it will hand the lock to before it runs): pushes to them go through pcall, so one
 -- that a migration moved away fails alone, and its waiter finds the grant at its next poll.
+-- A waiter that waits through its event loop's notify hub (one server only) names the hub
+-- in its request: its grant goes to the hub's own list, "<prefix>:hub:<hub>", as
+-- "<its notify list>|<token>", so the hub blocks on one key however many tasks wait
+-- (a BLPOP over every waiter's list would cost each handoff O(waiters)).
 -- Time always comes from Redis (TIME), never from a client clock. __RETENTION_MS__,
 -- __BARGE_MS__ and __INDEX__ are replaced by the engine's settings when the script is loaded.
 
@@ -141,18 +145,22 @@ local function index_add()
   end
 end
 
--- Unlist the lock (nobody holds or waits for it any more). The group stays in g until a
--- listing finds its set empty (an empty set is no key: that costs nothing meanwhile).
+-- Unlist the lock (nobody holds or waits for it any more), and its group with its last lock.
 local function index_drop()
-  local m = index_member()
-  if INDEX == 'zset' then redis.call('ZREM', K.i, m) else redis.call('SREM', K.i, m) end
+  local m, group = index_member()
+  if INDEX == 'zset' then
+    redis.call('ZREM', K.i, m)
+  elseif redis.call('SREM', K.i, m) == 1 and redis.call('EXISTS', K.i) == 0 then
+    redis.call('SREM', K.g, group)
+  end
 end
 
 -- A waiter's request (see parse_meta): alive until, mode, the lease and waiter lease it asked
--- for (ms, as sent), since now, fair ("1"/"0"), what it is doing.
-local function request(mode, lease, now, wlease, fair, ctx)
+-- for (ms, as sent), since now, fair ("1"/"0"), the hub it waits through ('' for none: its
+-- own notify list), what it is doing.
+local function request(mode, lease, now, wlease, fair, ctx, hub)
   return (now + tonumber(wlease)) .. '|' .. mode .. '|' .. lease .. '|' .. now .. '|' .. wlease .. '|' ..
-         fair .. '|' .. ctx
+         fair .. '|' .. (hub or '') .. '|' .. ctx
 end
 
 local function extend(key, ms)
@@ -171,21 +179,21 @@ end
 -- the script's --@common line)
 
 -- A waiter's request from its field in w: alive until, mode, lease, since, waiter lease,
--- fair, and what it is doing; nil when unreadable.
+-- fair, what it is doing, and the hub it waits through; nil when unreadable.
 local function parse_meta(v)
   if not v then return nil end
-  local alive, mode, lease, since, wlease, fair, ctx =
-    string.match(v, '^(%d+)|(%a+)|(%d+)|(%d+)|(%d+)|([01])|(.*)$')
+  local alive, mode, lease, since, wlease, fair, hub, ctx =
+    string.match(v, '^(%d+)|(%a+)|(%d+)|(%d+)|(%d+)|([01])|(%w*)|(.*)$')
   if not alive then return nil end
-  return tonumber(alive), mode, tonumber(lease), tonumber(since), tonumber(wlease), fair == '1', ctx
+  return tonumber(alive), mode, tonumber(lease), tonumber(since), tonumber(wlease), fair == '1', ctx, hub
 end
 
--- A live waiter's request (mode, lease, since, waiter lease, fair, ctx), or nil once its
+-- A live waiter's request (mode, lease, since, waiter lease, fair, ctx, hub), or nil once its
 -- liveness ran out (or it is not queued).
 local function meta(o, now)
-  local alive, mode, lease, since, wlease, fair, ctx = parse_meta(redis.call('HGET', K.w, o))
+  local alive, mode, lease, since, wlease, fair, ctx, hub = parse_meta(redis.call('HGET', K.w, o))
   if not alive or alive <= now then return nil end
-  return mode, lease, since, wlease, fair, ctx
+  return mode, lease, since, wlease, fair, ctx, hub
 end
 
 -- Keep o alive in the queue until ``alive`` (ms); return false if o is not queued.
@@ -202,11 +210,16 @@ local function extend_shared(now)
   if last[2] then redis.call('PEXPIRE', K.s, math.max(1, tonumber(last[2]) - now)) end
 end
 
--- Push a token (or 'wake') to o's notify list, on which it blocks. Another owner's list is
--- not declared (see the keys above): a push that fails (its key migrated away) is dropped,
--- and the waiter finds its grant at its next poll.
-local function notify(o, value, ttl)
+-- Push a token (or 'wake') to o's notify list, on which it blocks, or to its hub's list. Another
+-- owner's list is not declared (see the keys above): a push that fails (its key migrated away)
+-- is dropped, and the waiter finds its grant at its next poll.
+local function notify(o, value, ttl, hub)
   local n = base .. ':n:' .. o
+  if hub and hub ~= '' then
+    local list = string.sub(base, 1, (string.find(base, ':{', 1, true)) - 1) .. ':hub:' .. hub
+    if type(redis.pcall('RPUSH', list, n .. '|' .. value)) == 'number' then redis.pcall('PEXPIRE', list, ttl) end
+    return
+  end
   if value == 'wake' then
     local len = redis.pcall('LLEN', n)
     if type(len) ~= 'number' or len > 0 then return end

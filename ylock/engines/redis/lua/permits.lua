@@ -13,11 +13,11 @@ local function dispatch_permits(now, permits, evicted)
   while free > 0 do
     local head, v = live_head(evicted, now)
     if not head then return end
-    local _, _, lease, _, wlease, _, ctx = parse_meta(v)
+    local _, _, lease, _, wlease, _, ctx, hub = parse_meta(v)
     redis.call('LPOP', K.q)
     redis.call('HDEL', K.w, head)
     local tok = grant_read(head, math.min(lease, wlease), now, nil, ctx)
-    notify(head, fmt(tok), wlease)
+    notify(head, fmt(tok), wlease, hub)
     free = free - 1
   end
 end

@@ -70,12 +70,12 @@ local function grant_reader_run(now, evicted)
   local requests = redis.call('HMGET', K.w, unpack(run))
   local granted, gone, scores, cut, longest = {}, {}, {}, #run, 0
   for i, o in ipairs(run) do
-    local alive, mode, lease, _, wlease, fair, ctx = parse_meta(requests[i])
+    local alive, mode, lease, _, wlease, fair, ctx, hub = parse_meta(requests[i])
     if not alive or alive <= now then
       table.insert(evicted, o)
       table.insert(gone, o)
     elseif mode == 'read' and fair then
-      table.insert(granted, {o, wlease, ctx})
+      table.insert(granted, {o, wlease, ctx, hub})
       table.insert(gone, o)
       table.insert(scores, now + math.min(lease, wlease))
       table.insert(scores, o)
@@ -111,7 +111,7 @@ local function grant_reader_run(now, evicted)
   for _, o in ipairs(gone) do
     if not live[o] then forget_notify(o) end
   end
-  for i, g in ipairs(granted) do notify(g[1], fmt(first + i - 1), g[2]) end
+  for i, g in ipairs(granted) do notify(g[1], fmt(first + i - 1), g[2], g[4]) end
   return #granted
 end
 
@@ -123,15 +123,15 @@ local function dispatch(now, evicted, free)
   if not free and writer_of() then return end
   local head, v = live_head(evicted, now)
   if not head then return end
-  local _, mode, lease, _, wlease, fair, ctx = parse_meta(v)
+  local _, mode, lease, _, wlease, fair, ctx, hub = parse_meta(v)
   if mode == 'write' and redis.call('ZCARD', K.s) > 0 then return end
   if not fair then
     -- wake the head and the readers right behind it; they race for the lock
     local run = redis.call('LRANGE', K.q, 0, 63)
     for i, o in ipairs(run) do
-      local m2 = meta(o, now)
+      local m2, _, _, _, _, _, hub2 = meta(o, now)
       if i > 1 and m2 ~= 'read' then break end
-      notify(o, 'wake', wlease)
+      notify(o, 'wake', wlease, hub2)
       if m2 ~= 'read' then break end
     end
     return
@@ -144,7 +144,7 @@ local function dispatch(now, evicted, free)
   local tok = grant_write(head, math.min(lease, wlease), nil, ctx)
   redis.call('LPOP', K.q)
   redis.call('HDEL', K.w, head)
-  notify(head, fmt(tok), wlease)
+  notify(head, fmt(tok), wlease, hub)
 end
 
 -- Fair: a writer enters a free lock only at the head of the queue; a reader enters a

@@ -38,13 +38,13 @@ if mode == 'write' then
     -- lease until its watchdog renews it, and its token is pushed to the list it blocks on.
     local head = redis.call('LINDEX', K.q, 0)
     if head then
-      local alive, hmode, hlease, _, hwlease, hfair, hctx = parse_meta(redis.call('HGET', K.w, head))
+      local alive, hmode, hlease, _, hwlease, hfair, hctx, hhub = parse_meta(redis.call('HGET', K.w, head))
       -- (a reader holds if both s and q exist: there counted them)
       if alive and alive > now and hmode == 'write' and hfair and there == 1 then
         local tok = grant_write(head, math.min(hlease, hwlease), nil, hctx)   -- replaces ours
         redis.call('LPOP', K.q)
         redis.call('HDEL', K.w, head)
-        notify(head, fmt(tok), hwlease)
+        notify(head, fmt(tok), hwlease, hhub)
         return held
       end
     end

@@ -3,6 +3,7 @@
 --       "<prefix>:{<group>:<name>}:p:x", its fence; n the owner's own notify list
 -- ARGV[1] owner   ARGV[2] permits   ARGV[3] flags: fair, stay, queued (as acquire.lua)
 -- ARGV[4] lease ms   ARGV[5] waiter lease ms   ARGV[6] what the owner is doing (JSON, or "")
+-- ARGV[7] the notify hub the owner waits through (as acquire.lua)
 -- Every grant lasts min(lease, waiter lease) until the owner's watchdog renews it (see acquire.lua).
 -- Returns the token when the fast path took a permit; else {1, token, evicted...} when the owner holds a permit (taken now, or granted by a
 -- releaser meanwhile), or {0, ms until the earliest holder's lease runs out, evicted...}.
@@ -77,7 +78,7 @@ if stay then
   -- The request carries the waiter's description and liveness (see acquire.lua).
   if not (queued and refresh(o, now + wlease)) then
     index_add()
-    enqueue(o, request('permit', ARGV[4], now, ARGV[5], string.sub(ARGV[3], 1, 1), ARGV[6]), wlease)
+    enqueue(o, request('permit', ARGV[4], now, ARGV[5], string.sub(ARGV[3], 1, 1), ARGV[6], ARGV[7]), wlease)
   else
     extend(K.q, wlease)
     extend(K.w, wlease)
