@@ -106,3 +106,39 @@ def hammer(url: str, group: str, names: list[str], directory: str, stop_path: st
         w.join()
     conn.send((records, calls, engine.cluster_redirections()))
     engine.close()
+
+
+def queue_threads(url: str, group: str, name: str, count: int, conn: Any) -> None:
+    """Queue ``count`` threads for one fair lock (the parent holds it); each takes it once,
+    bumps a non-atomic counter inside (GET, then SET) and releases at once. Send what each
+    saw: (owner, token, granted, released), and the errors."""
+    import threading
+
+    engine = ylock.engine_from_url(url)
+    counter = redis.Redis.from_url(url)
+    seen: list[tuple[str, int, float, float]] = []
+    errors: list[str] = []
+
+    def run() -> None:
+        lock = ylock.Lock(engine, group, name, fair=True, lease=30.0)
+        try:
+            lock.lock(timeout=120)
+        except ylock.LockError as exc:
+            errors.append(repr(exc))
+            return
+        granted = time.monotonic()
+        value = int(counter.get(f"{group}:counter") or 0)
+        counter.set(f"{group}:counter", value + 1)
+        token = int(lock.token or 0)
+        released = time.monotonic()
+        lock.unlock()
+        seen.append((ylock.current_owner(), token, granted, released))
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for t in threads:
+        t.start()
+    conn.send(("started", None))
+    for t in threads:
+        t.join()
+    conn.send(("done", seen, errors))
+    engine.close()
