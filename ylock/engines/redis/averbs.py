@@ -17,7 +17,7 @@ from ylock.engines.redis.calls import AsyncDirectCalls
 from ylock.engines.redis.cluster import acluster_script_wait
 from ylock.engines.redis.hubs import BLPOP_REFUSED, refused
 from ylock.engines.redis.scripts import ACQUIRE, RELEASE, release_args
-from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps, migrating, queued_too_late
+from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps, not_run, queued_too_late
 
 __all__ = ["AsyncVerbs"]
 
@@ -55,8 +55,9 @@ class AsyncVerbs(_Engine):
                 await self._abandon_first(side, r, keys, args)
                 raise
             except Exception as exc:
-                # A slot migration that outlasted the try: the steps try again until the deadline.
-                if not (migrating(exc) and (r.deadline is None or time.monotonic() < r.deadline)):
+                # A try that did not run (a slot migration, a congested pool) outlasted its time:
+                # the steps try again until the deadline.
+                if not (not_run(exc) and (r.deadline is None or time.monotonic() < r.deadline)):
                     raise self._translate(exc, r.group, r.name) from exc
             if cancelling(task) > cancels:
                 await self._abandon_first(side, r, keys, args)

@@ -61,7 +61,7 @@ from ylock.engines.redis.resp import pack as pack_command
 from ylock.engines.redis.resp import packer
 from ylock.engines.redis.sockets import raise_first_error, read_all, reader, send, write
 
-__all__ = ["AsyncDirectCalls", "DirectCalls", "RESERVE", "lock_path_share"]
+__all__ = ["AsyncDirectCalls", "DirectCalls", "PoolBusy", "RESERVE", "lock_path_share"]
 
 #: Connections of a pool that the lock path leaves to the client's own calls, at most.
 RESERVE = 8
@@ -142,9 +142,15 @@ class _Calls:
             return rex.ConnectionError(f"the server refused to set up the connection: {exc}")
         return None
 
-    def _busy(self) -> rex.ConnectionError:
-        return rex.ConnectionError(f"all {self.share} connections of the lock path stayed busy for the call's "
-                                   "whole time (raise max_connections?)")
+    def _busy(self) -> PoolBusy:
+        return PoolBusy(f"all {self.share} connections of the lock path stayed busy for the call's "
+                        "whole time (raise max_connections?)")
+
+
+class PoolBusy(rex.ConnectionError):
+    """No connection of the lock path came free within a call's time: the process's own
+    congestion (a thousand tasks of one event loop trying at once), not the server's. The
+    command was not sent, so an acquisition may try again within its deadline."""
 
 
 class DirectCalls(_Calls):

@@ -76,7 +76,7 @@ from ylock.engines.redis.cluster import ClusterCalls, cluster_script_wait
 from ylock.engines.redis.hubs import Refusals, ThreadNotifyHub
 from ylock.engines.redis.keys import Keys
 from ylock.engines.redis.scripts import ACQUIRE, FIRST_TRY, RELEASE, Released, release_args
-from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps, migrating, queued_too_late
+from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps, not_run, queued_too_late
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
 from ylock.owner import _new_process, _same_process, check_fork
 
@@ -288,8 +288,9 @@ class RedisEngine(AsyncVerbs, Engine):
             try:
                 reply = self._run(ACQUIRE[r.mode], keys, args, time.monotonic() + self.socket_timeout)
             except Exception as exc:
-                # A slot migration that outlasted the try: the steps try again until the deadline.
-                if not (migrating(exc) and (r.deadline is None or time.monotonic() < r.deadline)):
+                # A try that did not run (a slot migration, a congested pool) outlasted its time:
+                # the steps try again until the deadline.
+                if not (not_run(exc) and (r.deadline is None or time.monotonic() < r.deadline)):
                     raise self._translate(exc, r.group, r.name) from exc
             if reply.__class__ is int:
                 return reply

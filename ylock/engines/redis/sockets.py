@@ -165,10 +165,7 @@ class Replies:
                 try:
                     reply, end = parse(buf, at, error) if at < len(buf) else _incomplete()
                 except Incomplete:
-                    data = sock.recv(65536)
-                    if not data:
-                        raise rex.ConnectionError("Connection closed by server.") from None
-                    buf = buf[at:] + data
+                    buf = buf[at:] + _received(sock)
                     at = 0
                     continue
                 at = end
@@ -191,16 +188,35 @@ class Replies:
     def _read(self, sock: Any) -> Any:
         error = self.conn._parser.parse_error
         while (got := split(self.buf, error)) is None:
-            data = sock.recv(65536)
-            if not data:
-                raise rex.ConnectionError("Connection closed by server.")
-            self.buf += data
+            self.buf += _received(sock)
         reply, self.buf = got
         return reply
 
 
 def _incomplete() -> Any:
     raise Incomplete
+
+
+def _received(sock: Any) -> bytes:
+    """What the socket has for us: one read (waiting up to its timeout), then whatever else
+    already arrived (a plain socket's non-blocking reads). A large reply (a listing's 20,000
+    names) is so parsed once or twice, not once per 64 KB that came in (each parse of an
+    incomplete reply starts again from its beginning)."""
+    data = sock.recv(65536)
+    if not data:
+        raise rex.ConnectionError("Connection closed by server.")
+    if sock.__class__ is not socket.socket or len(data) < 65536:
+        return data  # type: ignore[no-any-return]
+    chunks = [data]
+    while True:
+        try:        # the raw descriptor (non-blocking under a socket with a timeout): no wait
+            more = os.read(sock.fileno(), 1 << 20)
+        except (BlockingIOError, InterruptedError):
+            break
+        if not more:
+            break                      # closed: the next read says so
+        chunks.append(more)
+    return b"".join(chunks)
 
 
 def connect(conn: Any, left: float | None) -> None:

@@ -11,11 +11,12 @@ from typing import Any, NamedTuple
 import redis.exceptions as rex
 
 from ylock.engines.base import Abandon, AcquireRequest, Steps
+from ylock.engines.redis.calls import PoolBusy
 from ylock.engines.redis.parts import EngineParts
 from ylock.engines.redis.scripts import ACQUIRE, RELEASE, Acquired, TryFlags, release_args
 from ylock.errors import EngineUnavailable
 
-__all__ = ["Acquire", "Pop", "Release", "Sleep", "acquire_steps", "migrating", "queued_too_late"]
+__all__ = ["Acquire", "Pop", "Release", "Sleep", "acquire_steps", "not_run", "queued_too_late"]
 
 
 class Acquire(NamedTuple):
@@ -92,10 +93,10 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, keys: tuple[str, ...],
                     reply, acked = yield Acquire(ACQUIRE[r.mode], keys, args, end)
                     unreachable_since = None
                 except EngineUnavailable as exc:
-                    if migrating(exc) and (bound is None or time.monotonic() < bound):
-                        # The lock's Cluster slot is being migrated and its keys are split
-                        # between two nodes (TRYAGAIN: the script did not run): try again
-                        # until the call's bound (the transport paused between its own tries).
+                    if not_run(exc) and (bound is None or time.monotonic() < bound):
+                        # The script did not run (the lock's Cluster slot is being migrated,
+                        # or every connection of the process was busy): try again until the
+                        # call's bound (the transport waited between its own tries).
                         continue
                     # Before we are queued, fail fast; once queued, ride out a blip until the
                     # waiter lease (our place in the queue) or the deadline is gone.
@@ -157,11 +158,14 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, keys: tuple[str, ...],
         raise
 
 
-def migrating(exc: BaseException) -> bool:
-    """Whether ``exc`` (a redis-py error, or the ylock error made of one) is a Cluster node's
-    ``TRYAGAIN``: the lock's slot is being migrated and its keys are split between two nodes,
-    so the script did not run (nothing happened: a retry is safe)."""
-    return isinstance(exc, rex.TryAgainError) or isinstance(exc.__cause__, rex.TryAgainError)
+def not_run(exc: BaseException) -> bool:
+    """Whether ``exc`` (a redis-py error, or the ylock error made of one) says that the script
+    did not run, so that a retry is safe and no sign of a failing server: a Cluster node's
+    ``TRYAGAIN`` (the lock's slot is being migrated and its keys are split between two nodes),
+    or no connection of the lock path came free in time (:class:`~.calls.PoolBusy`: the
+    process's own congestion). An acquisition tries again until its deadline."""
+    cause = exc.__cause__
+    return isinstance(exc, (rex.TryAgainError, PoolBusy)) or isinstance(cause, (rex.TryAgainError, PoolBusy))
 
 
 def confirm_steps(engine: EngineParts, r: AcquireRequest, keys: tuple[str, ...], acked: int) -> Steps:
