@@ -9,6 +9,10 @@ hold is marked lost. One table per process (:data:`HOLDS`); every other part rea
   a hold carries a :class:`Renewal`: when it is due and when the server last confirmed
   it. The watchdog thread (:mod:`ylock.watchdog`) waits on :attr:`HoldTable.changed`,
   takes what is due (:meth:`HoldTable.due`) and reports back (:meth:`HoldTable.renewed`).
+  The schedule is a heap of due times (a renewal rescheduled, released or lost leaves a
+  stale entry that is dropped when it comes up): finding what is due costs O(log n) per
+  renewal, not a walk over every hold, which at 20,000 holds took milliseconds per wake-up
+  under the lock the lock path takes too.
 - Anyone who learns that a hold is gone (the watchdog's renewal, a ZooKeeper session or
   watch, a release that found nothing) calls :meth:`HoldTable.mark_lost`, which flags the
   hold and publishes one ``lost`` event. Engines report loss here and never import the
@@ -19,6 +23,8 @@ made from C, noticed on the child's first use: :func:`ylock.owner.after_fork`).
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -132,6 +138,9 @@ class HoldTable:
         #: lock; everything that changes it holds :attr:`changed`. The same dict for the
         #: life of the process (a fork clears it in place), so readers may keep a reference.
         self.by_key: dict[HoldKey, Hold] = {}
+        #: The renewal schedule: (due, sequence, renewal, hold), the earliest first. An entry
+        #: whose renewal is no longer its hold's, or is due at another time now, is stale.
+        self._heap: list[tuple[float, int, Renewal, Hold]] = []
         self._reset()
 
     def _reset(self) -> None:
@@ -141,6 +150,8 @@ class HoldTable:
         #: Guards adds, removals, renewal schedules and loss; the watchdog waits on it.
         self.changed = threading.Condition(self._mutex)
         self.by_key.clear()
+        self._heap.clear()
+        self._order = itertools.count()
         #: When the renewal thread means to look at the schedule next (it sets this before
         #: it sleeps); a renewal due earlier must wake it.
         self.wake_at = float("inf")
@@ -170,6 +181,7 @@ class HoldTable:
         with self._mutex:
             self.by_key[hold.key] = hold
             hold.renewals[mode] = renewal
+            heapq.heappush(self._heap, (due, next(self._order), renewal, hold))
             self.scheduled_at = now
             if due < self.wake_at:           # see renew_from
                 self.wake_at = due
@@ -194,6 +206,7 @@ class HoldTable:
         renewal = Renewal(RenewItem(hold.group, hold.name, hold.owner, mode, hold.lease), due, now)
         with self._mutex:
             hold.renewals[mode] = renewal
+            heapq.heappush(self._heap, (due, next(self._order), renewal, hold))
             self.scheduled_at = now
             # Waking the renewal thread costs the lock path a context switch and the GIL:
             # do it only if it would otherwise sleep past this renewal.
@@ -252,20 +265,39 @@ class HoldTable:
 
     # -- the renewal schedule (the watchdog's side) ---------------------------------------
 
+    def _top(self) -> tuple[float, int, Renewal, Hold] | None:
+        """The schedule's earliest live entry (stale ones above it dropped), or None."""
+        heap = self._heap
+        while heap:
+            entry = heap[0]
+            due, _, renewal, hold = entry
+            if renewal.due == due and hold.renewals.get(renewal.item.mode) is renewal:
+                return entry
+            heapq.heappop(heap)
+        return None
+
     def earliest_due(self) -> float | None:
         """Return when the next renewal is due, or None if nothing is to be renewed.
         Call with :attr:`changed` held."""
-        return min((r.due for h in self.by_key.values() for r in h.renewals.values()), default=None)
+        top = self._top()
+        return None if top is None else top[0]
 
-    def due(self, now: float) -> dict[Engine, list[tuple[Hold, Renewal]]]:
-        """Return, per engine, the renewals due within a sixth of their lease from ``now``
-        (taking holds due a little later along coalesces them into few batches). Call with
-        :attr:`changed` held."""
+    def due(self, now: float, spread: int = 0) -> dict[Engine, list[tuple[Hold, Renewal]]]:
+        """Return, per engine, the renewals due by ``now``, and those due within a sixth of
+        their lease from ``now`` (taking holds due a little later along coalesces them into
+        few batches), earliest first; with ``spread``, no more of the early ones than make
+        ``spread`` renewals in all (what is due is always taken): a large crowd of holds is
+        renewed in batches spread over the window rather than all at once. Costs O(log n) per
+        renewal taken. Call with :attr:`changed` held."""
         batches: dict[Engine, list[tuple[Hold, Renewal]]] = {}
-        for hold in self.by_key.values():
-            for renewal in hold.renewals.values():
-                if renewal.due <= now + renewal.item.lease / 6:
-                    batches.setdefault(hold.engine, []).append((hold, renewal))
+        taken = 0
+        while (top := self._top()) is not None:
+            due, _, renewal, hold = top
+            if due > now + renewal.item.lease / 6 or (spread and due > now and taken >= spread):
+                break           # (the heap is in due order: what follows is no more due)
+            heapq.heappop(self._heap)
+            batches.setdefault(hold.engine, []).append((hold, renewal))
+            taken += 1
         return batches
 
     def renewed(self, batch: list[tuple[Hold, Renewal]], results: list[bool | None], started: float) -> \
@@ -285,6 +317,7 @@ class HoldTable:
                 if result:
                     renewal.confirmed = started
                     renewal.due = started + renewal.item.lease / 3
+                    heapq.heappush(self._heap, (renewal.due, next(self._order), renewal, hold))
                     renewed.append((hold, mode))
                 elif result is False:
                     del hold.renewals[mode]
@@ -294,6 +327,7 @@ class HoldTable:
                     lost.append((hold, "server unreachable for a whole lease"))
                 else:
                     renewal.due = now + min(1.0, renewal.item.lease / 10)
+                    heapq.heappush(self._heap, (renewal.due, next(self._order), renewal, hold))
         return renewed, lost
 
     def _after_fork(self) -> None:

@@ -14,10 +14,12 @@ from ylock.engines.base import (
     SEMAPHORE,
     AcquireRequest,
     Engine,
+    Listing,
     LockInfo,
     RenewItem,
     Steps,
     arun_steps,
+    check_limit,
     run_steps,
     split_url_options,
 )
@@ -206,12 +208,13 @@ class MySQLEngine(Engine):
     def ping(self) -> None:
         self._utility("SELECT 1")
 
-    def describe(self, group: str | None = None) -> list[LockInfo]:
+    def describe(self, group: str | None = None, limit: int | None = None) -> Listing:
+        check_limit(limit)
         # The flavour decides how the process list says how long a statement has waited.
         if self._executor.mariadb is None:
             self.ping()
         (holds, processes), _ = self._utility(self.sql.describe(group, bool(self._executor.mariadb)), group)
-        return lock_infos(holds, processes, group)
+        return Listing.of(lock_infos(holds, processes, group), limit)
 
     def describe_lock(self, group: str, name: str, kind: str = LOCK) -> LockInfo | None:
         return next((i for i in self.describe(group) if i.name == name and i.kind == kind), None)

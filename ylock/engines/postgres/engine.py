@@ -16,10 +16,11 @@ from ylock.engines.base import (
     SEMAPHORE,
     AcquireRequest,
     Engine,
-    LockInfo,
+    Listing,
     RenewItem,
     Steps,
     arun_steps,
+    check_limit,
     run_steps,
     split_url_options,
 )
@@ -197,8 +198,9 @@ class PostgresEngine(Engine):
     def ping(self) -> None:
         self._utility([Stmt("ping")])
 
-    def describe(self, group: str | None = None) -> list[LockInfo]:
-        return lock_infos(self._utility([Stmt(self.sql.describe(), [group])], group)[0])
+    def describe(self, group: str | None = None, limit: int | None = None) -> Listing:
+        check_limit(limit)
+        return Listing.of(lock_infos(self._utility([Stmt(self.sql.describe(), [group])], group)[0]), limit)
 
     def force_release(self, group: str, name: str, kind: str = LOCK) -> bool:
         key = advisory_key(self.prefix, SEMAPHORE if kind == SEMAPHORE else LOCK, group, name)
