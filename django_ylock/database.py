@@ -30,9 +30,8 @@ from typing import Any
 from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
-from django_ylock.databases import POSTGRES_BACKENDS, alias_of, database_settings
+from django_ylock.databases import POSTGRES_BACKENDS, FromAlias, database_settings
 from ylock import options as opt
-from ylock.engines.base import split_url_options
 from ylock.engines.postgres import PostgresEngine
 from ylock.errors import ConfigurationError
 
@@ -57,7 +56,7 @@ def database_conninfo(alias: str) -> str:
     return make_conninfo("", **{k: str(v) for k, v in params.items() if k in known and v is not None})
 
 
-class DjangoDatabaseEngine(PostgresEngine):
+class DjangoDatabaseEngine(FromAlias, PostgresEngine):
     """:class:`~ylock.engines.postgres.PostgresEngine` on a ``DATABASES`` alias (see the
     module docstring)."""
 
@@ -65,13 +64,6 @@ class DjangoDatabaseEngine(PostgresEngine):
         self.alias = alias
         super().__init__(database_conninfo(alias), **options)
         self._display = f"django://{alias} ({self._display})"
-
-    @classmethod
-    def from_url(cls, url: str, **options: Any) -> DjangoDatabaseEngine:
-        """``django://ALIAS?options``: options as the PostgreSQL engine's; keyword ``options`` win."""
-        alias = alias_of(url)
-        _, ours, rest = split_url_options(url, cls.url_options)
-        return cls(alias, **{**rest, **ours, **options})
 
     def detect_pooler(self) -> str | None:
         """:meth:`PostgresEngine.detect_pooler`, and one more sign: the alias sets

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 from ylock import options as opt
 from ylock.engines.base import LOCK, SEMAPHORE, LockInfo
@@ -19,7 +18,7 @@ from ylock.engines.mysql.steps import HoldSteps
 from ylock.engines.mysql.wire import Broken, ServerError
 from ylock.engines.sessions.engine import SessionEngine
 from ylock.engines.sessions.pool import Pool
-from ylock.errors import ConfigurationError, EngineUnavailable, LockError
+from ylock.errors import EngineUnavailable, LockError
 
 logger = logging.getLogger("ylock.engines.mysql")
 
@@ -40,6 +39,7 @@ class MySQLEngine(SessionEngine):
 
     scheme = "mysql"
     server = "MySQL"
+    url_schemes = ("mysql", "mariadb")
     url_options = {"max_connections": int, "idle_connections": int, "socket_timeout": float,
                    "connect_timeout": float, "keepalive": float, "prefix": str, "proxy": str}
     _executor: Executor
@@ -65,16 +65,6 @@ class MySQLEngine(SessionEngine):
         steps = HoldSteps(pool, self.sql, prefix=self.prefix, database=self.target.database,
                           socket_timeout=self.socket_timeout, where=self.url_for_display)
         return pool, executor, steps
-
-    @classmethod
-    def check_scheme(cls, url: str) -> None:
-        try:
-            scheme = urlsplit(url).scheme.lower()
-        except ValueError as exc:
-            raise ConfigurationError(f"invalid MySQL URL: {exc}", code=opt.E_ENGINE_URL) from None
-        if scheme not in ("mysql", "mariadb"):
-            raise ConfigurationError(f"not a MySQL URL (mysql:// or mariadb://), got scheme {scheme!r}",
-                                     code=opt.E_ENGINE_URL)
 
     def url_for_display(self) -> str:
         return self.url

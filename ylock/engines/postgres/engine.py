@@ -7,7 +7,6 @@ import logging
 import time
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
 
@@ -23,7 +22,7 @@ from ylock.engines.postgres.steps import HoldSteps
 from ylock.engines.postgres.wire import Broken, ServerError, drive
 from ylock.engines.sessions.engine import SessionEngine
 from ylock.engines.sessions.pool import Pool
-from ylock.errors import ConfigurationError, EngineUnavailable, LockError, LockTimeout
+from ylock.errors import EngineUnavailable, LockError, LockTimeout
 
 logger = logging.getLogger("ylock.engines.postgres")
 
@@ -33,6 +32,7 @@ class PostgresEngine(SessionEngine):
 
     scheme = "postgres"
     server = "PostgreSQL"
+    url_schemes = ("postgresql", "postgres")
     url_options = {"scope": str, "max_connections": int, "idle_connections": int, "socket_timeout": float,
                    "connect_timeout": float, "keepalive": float, "prefix": str, "pooler": str}
 
@@ -62,15 +62,6 @@ class PostgresEngine(SessionEngine):
                           app_name=self.app_name, local_settings=session_settings(self.keepalive, local=True),
                           where=self.url_for_display)
         return pool, executor, steps
-
-    @classmethod
-    def check_scheme(cls, url: str) -> None:
-        try:
-            scheme = urlsplit(url).scheme.lower()
-        except ValueError as exc:
-            raise ConfigurationError(f"invalid PostgreSQL URL {url!r}: {exc}", code=opt.E_ENGINE_URL) from exc
-        if scheme not in ("postgresql", "postgres"):
-            raise ConfigurationError(f"not a PostgreSQL URL: {url!r}", code=opt.E_ENGINE_URL)
 
     def url_for_display(self) -> str:
         return self._display

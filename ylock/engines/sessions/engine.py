@@ -9,6 +9,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from ylock import options as opt
 from ylock.engines.base import AcquireRequest, Engine, RenewItem, Steps, arun_steps, run_steps, split_url_options
@@ -24,11 +25,13 @@ from ylock.holds import HOLDS
 class SessionEngine(Engine):
     """Locks and semaphores held in server sessions, one connection per owner and lock (see
     :mod:`ylock.engines.sessions`). A subclass builds its pool, executor and steps
-    (:meth:`_make_state`), says how its URL is checked (:meth:`check_scheme`) and translates
-    its own errors (:meth:`_translate_server`)."""
+    (:meth:`_make_state`), names its URL schemes (:attr:`url_schemes`) and translates its
+    own errors (:meth:`_translate_server`)."""
 
     #: The server's name in messages ("PostgreSQL").
     server: ClassVar[str] = ""
+    #: The URL schemes of the engine.
+    url_schemes: ClassVar[tuple[str, ...]] = ()
 
     _pool: Pool[Any]
     _executor: SessionExecutor
@@ -68,8 +71,15 @@ class SessionEngine(Engine):
 
     @classmethod
     def check_scheme(cls, url: str) -> None:
-        """Raise ConfigurationError if ``url`` is not one of this engine's."""
-        raise NotImplementedError
+        """Raise ConfigurationError if ``url`` is not one of this engine's (:attr:`url_schemes`);
+        the message never repeats the URL, which may carry a password."""
+        try:
+            scheme = urlsplit(url).scheme.lower()
+        except ValueError as exc:
+            raise ConfigurationError(f"invalid {cls.server} URL: {exc}", code=opt.E_ENGINE_URL) from None
+        if scheme not in cls.url_schemes:
+            raise ConfigurationError(f"not a {cls.server} URL ({' or '.join(s + '://' for s in cls.url_schemes)}), "
+                                     f"got scheme {scheme!r}", code=opt.E_ENGINE_URL)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> Any:
