@@ -5,34 +5,23 @@ their holders, and the engine recovers with tokens that keep rising. What differ
 test_postgres.py and test_mysql.py."""
 from __future__ import annotations
 
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
 import ylock
+from tests.faults import run_counter
 from tests.helpers import expect_event
-from tests.postgres import workers
 from ylock import events
 from ylock.testing.fencing import UnfencedCounter
 
 pytestmark = pytest.mark.slow
-spawn = multiprocessing.get_context("spawn")
 
 #: Each engine's server fixtures: the session's (shared), and one that a test may restart
 #: (the session's PostgreSQL restarts cleanly; MariaDB's is the fault tests' own).
 SERVERS = {"postgres": ("postgres_server", "postgres_server"), "mariadb": ("mariadb_server", "own_mariadb")}
 #: How a restart goes (each server's restart() default) and how soon the holder is told.
 RESTARTS = {"postgres": ("server restart", 5.0), "mariadb": ("server killed and restarted", 10.0)}
-
-
-def run_counter(url: str, group: str, path: str, processes: int, iterations: int, use_lock: bool) -> list[int]:
-    with spawn.Manager() as manager, ProcessPoolExecutor(processes, mp_context=spawn) as pool:
-        start = manager.Barrier(processes)
-        futures = [pool.submit(workers.counter, url, group, path, iterations, use_lock, start)
-                   for _ in range(processes)]
-        return [t for f in futures for t in f.result(timeout=120)]
 
 
 @pytest.mark.parametrize("server", sorted(SERVERS))
