@@ -20,7 +20,8 @@ from ylock.engines.mysql.wire import IO, NoAnswer, Wire
 from ylock.engines.sessions.connection import Hold, SessionConn, keepalive_timing
 from ylock.errors import ConfigurationError
 
-__all__ = ["Conn", "Hold", "Server", "Target", "handshake", "keepalive_timing", "parse_target"]
+__all__ = ["DRIVER_OPTIONS", "Conn", "Hold", "Server", "Target", "check_version", "driver_error", "handshake",
+           "keepalive_timing", "parse_target", "parse_version", "read_only_error"]
 
 #: The driver options a URL may carry besides ylock's (PyMySQL's names): TLS and the socket.
 DRIVER_OPTIONS: dict[str, Any] = {"ssl_ca": str, "ssl_cert": str, "ssl_key": str, "ssl_key_password": str,
@@ -117,7 +118,8 @@ class Conn(SessionConn):
         return self.wire.stale()
 
     def heartbeat(self) -> IO[Any]:
-        """``COM_PING`` (see :meth:`MySQLEngine.renew`)."""
+        """``COM_PING``: it resets the session's idle timer (``wait_timeout``: the lease) and
+        proves the session alive."""
         return self.wire.ping()
 
     def unbind(self) -> None:

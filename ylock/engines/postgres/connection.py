@@ -59,7 +59,8 @@ class Conn(SessionConn):
         return stale(self.pg)
 
     def heartbeat(self) -> IO[Any]:
-        """A bare Sync message (see :meth:`PostgresEngine.renew`)."""
+        """A bare Sync message: it resets the session's idle timer (the lease) and proves the
+        session alive, and leaves what ``pg_stat_activity`` shows of it alone."""
         return query_io(self.pg, [])
 
     def unbind(self) -> None:
