@@ -19,6 +19,7 @@ import redis.exceptions as rex
 from ylock.engines.redis.asockets import exchange
 from ylock.engines.redis.calls import AsyncDirectCalls, DirectCalls
 from ylock.engines.redis.sockets import send
+from ylock.threads import start_thread
 
 __all__ = ["BLPOP_REFUSED", "NotifyHub", "Refusals", "ThreadNotifyHub", "WAKE_TTL_MS", "refused"]
 
@@ -145,8 +146,7 @@ class ThreadNotifyHub:
             if "BLPOP" in self.refusals.commands:
                 pass                             # polling: nobody blocks
             elif self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ylock-notify", daemon=True)
-                self._thread.start()
+                self._thread = start_thread(self._run, "ylock-notify")
             elif self._blocking and key not in self._blocking and not self._waking:
                 self._waking = wake = True       # one wake-up for every thread that joins meanwhile
         if wake:
