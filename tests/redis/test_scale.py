@@ -187,7 +187,8 @@ def test_many_asyncio_tasks_are_served_in_queue_order_through_one_hub(server, gr
     tokens = [s[1] for s in granted]
     assert all(b > a for a, b in zip(tokens, tokens[1:]))
     hub, _, tag = request.split("|")[6].partition(".")     # "<hub id>.<the request's tag>"
-    assert len(hub) == 32 and tag.isalnum(), f"the waiter's request names no hub: {request}"  # its grant went to the loop's hub
+    # its grant went to the loop's hub
+    assert len(hub) == 32 and tag.isalnum(), f"the waiter's request names no hub: {request}"
 
 
 def test_threads_of_five_processes_are_served_in_queue_order(server, group):
