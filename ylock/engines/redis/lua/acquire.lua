@@ -31,6 +31,10 @@ local stay = string.sub(ARGV[3], 2, 2) == '1'
 if mode == 'write' and not queued and fair and stay then
   local v = redis.call('GET', K.x)
   if v and string.match(v, '^(.*)|%d+$') ~= o then
+    -- A new request of this owner: one it gave up on (its answer never came) neither keeps
+    -- its place in the queue nor leaves a grant for this one to take from the notify list.
+    redis.call('LREM', K.q, 0, o)
+    redis.call('DEL', base .. ':n:' .. o)
     redis.call('RPUSH', K.q, o)
     redis.call('SET', base .. ':w:' .. o, request('write', ARGV[4], clock(), ARGV[5], '1', ARGV[6]), 'PX', wlease)
     if string.sub(ARGV[3], 4, 4) ~= '1' then return {0, redis.call('PTTL', K.x)} end
@@ -51,6 +55,10 @@ if mode == 'read' and not writer and not queued and redis.call('LLEN', K.q) == 0
   fast_note(o, ARGV[6], lease)
   return {1, grant_read(o, lease, now)}
 end
+
+-- A new request (not queued as far as the owner knows): an entry of a request it gave up on
+-- (its answer never came) does not keep its place ahead of those who asked since.
+if not queued then redis.call('LREM', K.q, 0, o) end
 
 -- (A non-fair writer asking while another writer holds: as the fair one above, it only
 -- joins the queue, so it skips the readers' expiry and the dead-head eviction.)
@@ -99,6 +107,8 @@ if stay then
   if not queued or not redis.call('LPOS', K.q, o) then
     redis.call('RPUSH', K.q, o)
     redis.call('SET', w, request(mode, ARGV[4], now, ARGV[5], string.sub(ARGV[3], 1, 1), ARGV[6]), 'PX', wlease)
+    -- a grant pushed for an earlier request (given up on, or expired) is not this one's
+    redis.call('DEL', base .. ':n:' .. o)
   elseif redis.call('PEXPIRE', w, wlease) == 0 then   -- still queued but counted dead: alive again
     redis.call('SET', w, request(mode, ARGV[4], now, ARGV[5], string.sub(ARGV[3], 1, 1), ARGV[6]), 'PX', wlease)
   end

@@ -41,6 +41,8 @@ local fair = string.sub(ARGV[3], 1, 1) == '1'
 local stay = string.sub(ARGV[3], 2, 2) == '1'
 local queued = string.sub(ARGV[3], 3, 3) == '1'
 local now = clock()
+-- A new request: an entry of one it gave up on does not keep its place (see acquire.lua).
+if not queued then redis.call('LREM', K.q, 0, o) end
 expire_readers(now)
 remember_permits(permits, math.max(tonumber(ARGV[4]), wlease) * 2)
 local evicted = {}
@@ -78,6 +80,7 @@ if stay then
   if not queued or not redis.call('LPOS', K.q, o) then
     redis.call('RPUSH', K.q, o)
     redis.call('SET', w, request('permit', ARGV[4], now, ARGV[5], string.sub(ARGV[3], 1, 1), ARGV[6]), 'PX', wlease)
+    redis.call('DEL', base .. ':n:' .. o)   -- a grant pushed for an earlier request is not this one's
   elseif redis.call('PEXPIRE', w, wlease) == 0 then   -- still queued but counted dead: alive again
     redis.call('SET', w, request('permit', ARGV[4], now, ARGV[5], string.sub(ARGV[3], 1, 1), ARGV[6]), 'PX', wlease)
   end

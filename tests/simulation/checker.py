@@ -1,0 +1,287 @@
+"""The invariants, checked over a recorded :class:`~tests.simulation.history.History` (what
+the processes saw and did, and what the nemesis did), never over the server's keys.
+
+- **exclusion**: when a hold starts, no other hold of the same lock in a conflicting mode
+  (a writer with anyone) is open, unless that holder had been told it lost the hold, had
+  crashed, was paused at a moment its lease may have run out (from the answers it had
+  got: :func:`lease_floor`), or a failover lost a write that granted or renewed it
+  (asynchronous replication: the documented window ``wait_replicas`` narrows);
+- **permits**: a semaphore's open holds (with the same exceptions) never exceed its permits;
+- **tokens**: no two holds of a lock share a token (a downgrade's read hold and an adopted
+  hold continue their parent's), and a hold whose acquisition completed before another's
+  began has the smaller token, failovers included (the clock condition: the promoted
+  replica's clock is not behind the old master's by more than the failover takes);
+- **fairness**: on a fair lock, no acquisition granted by its own try overtakes an earlier
+  fair waiter that was queued before it began, still polling (alive within its waiter
+  lease) and in a mode that conflicts (two readers may both enter);
+- **liveness**: a live waiter with time left is never kept waiting while the lock sits
+  idle (no hold that may still be on the server) for longer than a bound: what dead
+  holders, dead waiters and undelivered grants may cost (:func:`idle_bound`);
+- **no client error**: no lock call raised anything but the engine's documented errors, and
+  every schedule ended before its horizon.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from tests.simulation.history import Acquisition, History, HoldRecord
+from tests.simulation.world import Config
+
+__all__ = ["check", "idle_bound", "lease_floor"]
+
+EPS = 1e-6
+
+
+def _conflict(a: str, b: str) -> bool:
+    return a == "write" or b == "write"
+
+
+def _forward_jumps(history: History, start: float, end: float) -> float:
+    return sum(j for t, j in history.jumps if start <= t <= end and j > 0)
+
+
+def _backward_jumps(history: History, start: float, end: float) -> float:
+    return -sum(j for t, j in history.jumps if start <= t <= end and j < 0)
+
+
+def _grant_floor(history: History, hold: HoldRecord) -> tuple[float, int | None]:
+    """(a time the server granted the hold no earlier than, the granting call if known)."""
+    if hold.how != "acquire" or hold.acquisition is None:
+        return hold.start, None
+    a = next(x for x in history.acquisitions if x.id == hold.acquisition)
+    answered = [t for t in a.tries if t.done is not None and t.done <= hold.start + EPS]
+    if answered and answered[-1].status == 1:
+        return answered[-1].sent, answered[-1].call
+    earlier = [t.sent for t in answered if t.status == 0]
+    return (earlier[-1] if earlier else a.invoked), None
+
+
+def lease_floor(history: History, hold: HoldRecord, until: float) -> float:
+    """The earliest moment the server may have dropped ``hold`` (ran out its lease), from
+    the answers its owner got before ``until``: its grant or last confirmed renewal, sent at
+    s with lease L, holds until s + L at least, less any forward jump of the server's clock."""
+    floor, _ = _grant_floor(history, hold)
+    best = floor + hold.first_lease
+    start = floor
+    for sent, done, result, _call, lease in hold.renewals:
+        if result and done <= until and sent + lease > best:
+            best, start = sent + lease, sent
+    return best - _forward_jumps(history, start, until)
+
+
+def lease_ceiling(history: History, hold: HoldRecord) -> float:
+    """The latest moment the server may still keep ``hold`` (any renewal not refused may
+    have been applied as late as its answer or timeout), plus any backward jump."""
+    best = hold.start + hold.first_lease
+    for _sent, done, result, _call, lease in hold.renewals:
+        if result is not False:
+            best = max(best, done + lease)
+    if hold.how == "adopt":
+        best = max(best, hold.start + hold.lease)
+    return best + _backward_jumps(history, hold.start - hold.lease, best)
+
+
+def _lost_write(history: History, hold: HoldRecord) -> bool:
+    """Whether a failover lost a write that granted or extended ``hold`` (or its parent)."""
+    if not history.failovers:
+        return False
+    if any(history.lost_call(r[3]) for r in hold.renewals):
+        return True
+    _, call = _grant_floor(history, hold)
+    if call is None or history.lost_call(call):
+        return True                # granted through another's call: not known which
+    return False
+
+
+def _excused(history: History, a: HoldRecord, t: float) -> str | None:
+    """Why an overlap of ``a`` at ``t`` is allowed, or None."""
+    crashed = history.crashes.get(a.proc)
+    if crashed is not None and crashed <= t:
+        return "crashed"
+    if a.told_lost is not None and a.told_lost <= t + EPS:
+        return "told lost"
+    floor = lease_floor(history, a, t)
+    if floor <= t and history.paused(a.proc, floor, t):
+        return "paused past its lease"
+    if _lost_write(history, a):
+        return "a failover lost its grant or renewal"
+    return None
+
+
+def _open_at(holds: list[HoldRecord], t: float) -> Iterator[HoldRecord]:
+    for h in holds:
+        if h.start <= t + EPS and (h.end is None or h.end > t + EPS):
+            yield h
+
+
+def _chain(holds: dict[int, HoldRecord], h: HoldRecord) -> int:
+    while h.parent is not None and h.parent in holds:
+        h = holds[h.parent]
+    return h.id
+
+
+def idle_bound(config: Config) -> float:
+    """How long a live waiter may find the lock idle and still wait: a dead waiter ahead of
+    it, or a grant nobody collects, blocks for a waiter lease each (plus a poll and the
+    socket timeouts of the calls that find out), per fault of the schedule."""
+    waiter_lease = max(1.0, 3 * config.poll_max)
+    faults = 1 + config.pauses + config.crashes
+    return faults * (waiter_lease + 3 * config.socket_timeout + config.poll_max) + 0.5
+
+
+def check(config: Config, history: History) -> list[str]:
+    """Every invariant violated by ``history``, as sentences (empty: none)."""
+    problems = list(history.errors)
+    by_lock: dict[tuple[str, str], list[HoldRecord]] = {}
+    for h in history.holds:
+        by_lock.setdefault(h.lock, []).append(h)
+    ids = {h.id: h for h in history.holds}
+    for lock, holds in by_lock.items():
+        problems += _exclusion(history, lock, holds)
+        problems += _tokens(history, lock, holds, ids)
+    problems += _fairness(config, history)
+    problems += _liveness(config, history, by_lock)
+    return problems
+
+
+def _exclusion(history: History, lock: tuple[str, str], holds: list[HoldRecord]) -> list[str]:
+    out = []
+    permits = history.permits.get(lock[1]) if lock[0] == "semaphore" else None
+    for b in holds:
+        t = b.start
+        others = [a for a in _open_at(holds, t) if a is not b and a.owner != b.owner]
+        if permits is not None:
+            live = [a for a in others if _excused(history, a, t) is None]
+            if len(live) + 1 > permits:
+                out.append(f"permits: {len(live) + 1} holds of semaphore {lock[1]} at {t:.6f} s, "
+                           f"{permits} permits: {[(a.proc, a.token) for a in live]} and {b.proc} {b.token}")
+            continue
+        for a in others:
+            if not _conflict(a.mode, b.mode):
+                continue
+            why = _excused(history, a, t)
+            if why is None:
+                out.append(f"exclusion: {b.proc} took {lock[1]} ({b.mode}, token {b.token}) at {t:.6f} s while "
+                           f"{a.proc} held it ({a.mode}, token {a.token}, since {a.start:.6f} s, its lease "
+                           f"guaranteed until {lease_floor(history, a, t):.6f} s), not told it lost")
+    return out
+
+
+def _tokens(history: History, lock: tuple[str, str], holds: list[HoldRecord],
+            ids: dict[int, HoldRecord]) -> list[str]:
+    out = []
+    seen: dict[int, int] = {}
+    for h in holds:
+        chain = _chain(ids, h)
+        first = seen.setdefault(h.token, chain)
+        if first != chain:
+            out.append(f"tokens: token {h.token} of {lock[1]} given twice (hold {first} and {h.proc}'s hold "
+                       f"at {h.start:.6f} s)")
+    acquired = sorted((a for a in history.acquisitions
+                       if a.lock == lock and a.token is not None and a.done is not None), key=lambda a: a.invoked)
+    by_done = sorted(acquired, key=lambda a: a.done or 0.0)
+    for b in acquired:
+        for a in by_done:
+            if (a.done or 0.0) >= b.invoked:
+                break
+            if a.token is not None and b.token is not None and a.token >= b.token and a.owner != b.owner:
+                out.append(f"tokens: {a.proc}'s token {a.token} (acquired by {a.done:.6f} s) is not below "
+                           f"{b.proc}'s {b.token} (asked at {b.invoked:.6f} s) on {lock[1]}")
+    return out
+
+
+def _fairness(config: Config, history: History) -> list[str]:
+    out = []
+    wl = max(1.0, 3 * config.poll_max)
+    fair_locks = {("lock", name) for name, fair in zip(config.locks, config.fair) if fair}
+    for b in history.acquisitions:
+        if not b.fair or b.token is None or b.done is None or not b.tries:
+            continue
+        if b.lock not in fair_locks and b.lock[0] != "semaphore":
+            continue
+        last = b.tries[-1]
+        if last.status != 1 or last.done != b.done:
+            continue              # granted by another's call (a handoff), not by its own try
+        for w in history.acquisitions:
+            if w is b or not w.fair or w.lock != b.lock or w.owner == b.owner:
+                continue
+            if b.lock[0] == "lock" and not _conflict(w.mode, b.mode):
+                continue
+            queued = [t for t in w.tries if t.status == 0 and t.done is not None and t.flags[1] == "1"]
+            if not queued or queued[0].done is None or queued[0].done >= b.tries[0].sent:
+                continue          # not queued before b began
+            if w.done is not None and w.done <= last.done:
+                continue          # it was done (granted, timed out) by then
+            if w.deadline is not None and w.deadline <= last.done + config.socket_timeout:
+                continue
+            alive = [t for t in w.tries if t.status is not None and t.flags[1] == "1" and t.sent <= last.sent
+                     and t.sent + wl >= last.done]
+            if not alive or history.paused(w.proc, alive[-1].sent, last.done):
+                continue
+            if any(f <= last.done + wl and e >= alive[-1].sent for f, e, _ in history.failovers):
+                continue
+            out.append(f"fairness: {b.proc} ({b.mode}) was granted {b.lock[1]} at {last.done:.6f} s by its own try "
+                       f"sent at {last.sent:.6f} s, overtaking {w.proc} ({w.mode}), queued since "
+                       f"{queued[0].done:.6f} s and polling (last at {alive[-1].sent:.6f} s)")
+    return out
+
+
+def _liveness(config: Config, history: History, by_lock: dict[tuple[str, str], list[HoldRecord]]) -> list[str]:
+    out = []
+    bound = idle_bound(config)
+    quiet: list[tuple[float, float]] = []
+    for start, end, _ in history.failovers:
+        quiet.append((start, end + config.lease + bound))
+    for t, j in history.jumps:
+        quiet.append((t, t + abs(j) + config.lease + bound))
+    for w in history.acquisitions:
+        if w.invoked is None:
+            continue
+        end = w.done if w.done is not None else history.end
+        if w.deadline is not None:
+            end = min(end, w.deadline - config.socket_timeout)
+        if end - w.invoked <= bound:
+            continue
+        holds = by_lock.get(w.lock, [])
+        permits = history.permits.get(w.lock[1], 1) if w.lock[0] == "semaphore" else None
+        busy: list[tuple[float, float]] = []
+        for h in holds:
+            if h.owner == w.owner:
+                continue
+            if permits is None and not _conflict(h.mode, w.mode):
+                continue
+            if h.released is not None and h.why == "release":
+                until = h.end or history.end
+            else:
+                until = lease_ceiling(history, h)
+            busy.append((h.start - 1.0, until))     # a grant is learned up to a round trip late
+        crashed = history.crashes.get(w.proc)
+        if crashed is not None and crashed <= end:
+            continue
+        mine = quiet + [(a - bound, b + bound) for p, a, b in history.pauses if p == w.proc]
+        idle_from = w.invoked
+        # a semaphore is busy only while all its permits are taken
+        points = sorted((busy if permits is None else _saturated(busy, permits)) + mine)
+        for a, b in points:
+            if a > idle_from and min(a, end) - idle_from > bound:
+                break
+            idle_from = max(idle_from, b)
+        else:
+            a = end
+        if min(a, end) - idle_from > bound:
+            out.append(f"liveness: {w.proc} waited for {w.lock[1]} ({w.mode}) from {w.invoked:.6f} s; the lock was "
+                       f"idle from {idle_from:.6f} s to {min(a, end):.6f} s (bound {bound:.2f} s)")
+    return out
+
+
+def _saturated(busy: list[tuple[float, float]], permits: int) -> list[tuple[float, float]]:
+    events = sorted([(a, 1) for a, _ in busy] + [(b, -1) for _, b in busy])
+    out, count, since = [], 0, 0.0
+    for t, d in events:
+        before = count
+        count += d
+        if before < permits <= count:
+            since = t
+        elif before >= permits > count:
+            out.append((since, t))
+    return out
