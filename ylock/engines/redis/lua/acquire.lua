@@ -72,16 +72,18 @@ local function done(status, value)
   return out
 end
 
--- Granted by a releaser while we waited: take it (its lease starts again).
+-- Granted by a releaser while we waited: take it (its lease starts again). A new request
+-- finding a grant (one of a request whose answer never came) takes it with a new token:
+-- every first acquisition's token is above all issued before.
 if mode == 'write' and writer == o then
   dequeue(o)
   note(o, ARGV[6], lease)
-  return done(1, grant_write(o, lease, wtok))
+  return done(1, grant_write(o, lease, queued and wtok or nil))
 end
 if mode == 'read' and redis.call('ZSCORE', K.s, o) then
   dequeue(o)
   note(o, ARGV[6], lease)
-  return done(1, grant_read(o, lease, now))
+  return done(1, grant_read(o, lease, now, (not queued) and next_token() or nil))
 end
 -- A writer downgrading: it may always read, with its own token.
 if mode == 'read' and writer == o then

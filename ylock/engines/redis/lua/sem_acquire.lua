@@ -57,7 +57,7 @@ end
 if redis.call('ZSCORE', K.s, o) then
   dequeue(o)
   note(o, ARGV[6], lease)
-  return done(1, grant_read(o, lease, now))
+  return done(1, grant_read(o, lease, now, (not queued) and next_token() or nil))   -- see acquire.lua
 end
 -- Non-fair: a free permit is taken before the queue is served.
 if not fair and redis.call('ZCARD', K.s) < permits then
