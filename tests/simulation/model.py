@@ -205,6 +205,8 @@ class Keyspace:
         value = self._live(key)
         if value is None:
             raise CommandError("ERR no such key")
+        if new == key:
+            return Status("OK")
         when = self.expires.pop(key, None)
         del self.data[key]
         self._delete(new)
