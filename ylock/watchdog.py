@@ -14,8 +14,12 @@ an acquisition whose answer never reached its owner (a timeout, a cancelled task
 dead process) blocks nobody for long; the first renewal extends it to the full lease.
 
 A renewal that finds another owner marks the hold lost at once. A renewal that cannot
-reach the server is retried; once a whole lease has gone by since the last confirmed
-renewal the server may have expired the hold, so it is marked lost too.
+reach the server is retried, the last time before the hold's lease may run out on the
+server (its first lease, the waiter's, counted from when the call that granted it was
+sent; later ones from when the last confirmed renewal was sent); from that moment the
+hold is lost: the thread marks it then, and ``lock.lost`` says so even while the thread
+still waits for an answer (:meth:`~ylock.holds.HoldTable.lost_now`), before the server
+can grant the lock to anyone else.
 
 After a fork the child has no watchdog thread (and no holds): it starts its own when it
 first needs one (also after a fork made from C: :func:`ylock.owner.after_fork`).
@@ -61,14 +65,22 @@ class Watchdog:
 
     def _run(self) -> None:
         while True:
-            for engine, batch in self._next_batches().items():
+            batches, overdue = self._next_batches()
+            for hold in overdue:
+                self.table.lose(hold, "its lease may have run out: no renewal was confirmed in time")
+            for engine, batch in batches.items():
                 self._renew(engine, batch)
 
-    def _next_batches(self) -> dict[Engine, list[tuple[Hold, Renewal]]]:
+    def _next_batches(self) -> tuple[dict[Engine, list[tuple[Hold, Renewal]]], list[Hold]]:
+        """Wait until a renewal is due; return the batches due and the holds whose lease may
+        have run out meanwhile (to be marked lost)."""
         table = self.table
         with table.changed:
             while True:
                 now = time.monotonic()
+                overdue = table.overdue(now)
+                if overdue:
+                    return {}, overdue
                 earliest = table.earliest_due()
                 if earliest is None:
                     # Nothing to renew: tick slowly for a while rather than sleep for good.
@@ -87,7 +99,7 @@ class Watchdog:
                     table.changed.wait(earliest - now)
                     continue
                 table.wake_at = now
-                return table.due(now)
+                return table.due(now), []
 
     def _renew(self, engine: Engine, batch: list[tuple[Hold, Renewal]]) -> None:
         started = time.monotonic()

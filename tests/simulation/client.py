@@ -21,7 +21,7 @@ import contextlib
 import random
 import threading
 import time as _time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -31,11 +31,11 @@ from ylock.engines.base import Abandon, AcquireRequest
 from ylock.engines.local import LocalEngine
 from ylock.engines.redis import engine as _engine_module
 from ylock.engines.redis import steps as _steps_module
-from ylock.engines.redis.engine import RedisEngine, _queued_too_late
+from ylock.engines.redis.engine import RedisEngine
 from ylock.engines.redis.scripts import ACQUIRE, RELEASE, SOURCES, release_args
-from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps
+from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps, queued_too_late
 from ylock.errors import EngineUnavailable, LockLost
-from ylock.holds import PERMIT, READ, SEMAPHORE, WRITE, Hold, HoldTable, RenewItem
+from ylock.holds import PERMIT, READ, SEMAPHORE, WRITE, Grant, Hold, HoldTable, RenewItem
 from ylock.waiting import Polling
 
 __all__ = ["CLOCK", "BlockingPop", "LocalProtocol", "LocalWait", "Pause", "Process", "RedisProtocol", "RenewBatch",
@@ -47,27 +47,31 @@ Ops = Generator[Any, Any, Any]
 # -- the operations a simulated process asks of the world --------------------------------------
 
 class Script(NamedTuple):
-    """EVALSHA one script; answers its reply (raises EngineUnavailable if none came in time)."""
+    """EVALSHA one script by ``end`` (the process's clock); answers its reply (raises
+    EngineUnavailable if none came in time). ``first``: the engine's own first try of an
+    acquisition (not one of its steps')."""
 
     name: str
     key: str
     args: tuple[Any, ...]
-    timeout: float
+    end: float
+    first: bool = False
 
 
 class RenewBatch(NamedTuple):
-    """A pipeline of renew script calls; answers their replies (an exception for a failed one)."""
+    """A pipeline of renew script calls by ``end``; answers their replies (an exception for a
+    failed one)."""
 
     calls: tuple[tuple[str, tuple[Any, ...]], ...]
-    timeout: float
+    end: float
 
 
 class BlockingPop(NamedTuple):
-    """BLPOP ``key`` blocking ``wait`` s on the server, the socket waiting up to ``timeout``."""
+    """BLPOP ``key`` blocking ``block`` s on the server, the whole call by ``end``."""
 
     key: str
-    wait: float
-    timeout: float
+    block: float
+    end: float
 
 
 class Pause(NamedTuple):
@@ -77,10 +81,11 @@ class Pause(NamedTuple):
 
 
 class LocalWait(NamedTuple):
-    """The local engine's wait: a Mailbox event, or None after ``timeout`` s (None: forever)."""
+    """The local engine's wait: a Mailbox event, or None at ``until`` (the process's clock;
+    None: forever)."""
 
     mailbox: Any
-    timeout: float | None
+    until: float | None
 
 
 class WatchdogSleep(NamedTuple):
@@ -173,21 +178,21 @@ class RedisProtocol:
         key, args = engine._request(r)
         reply = None
         if r.deadline is None or CLOCK.monotonic() < r.deadline:
-            reply = yield Script(ACQUIRE[r.mode], key, tuple(args), engine.socket_timeout)
+            reply = yield Script(ACQUIRE[r.mode], key, tuple(args), CLOCK.monotonic() + engine.socket_timeout, True)
             if reply.__class__ is int:
                 return reply
-            if _queued_too_late(r, reply):
+            if queued_too_late(r, reply):
                 yield from self._abandon_first(acquire_steps(engine, r, key, args, None))
                 return None
         return (yield from self._run(acquire_steps(engine, r, key, args, reply)))
 
     def _op(self, op: Any) -> Any:
         if isinstance(op, Acquire):
-            return Script(op.script, op.key, tuple(op.args), op.timeout)
+            return Script(op.script, op.key, tuple(op.args), op.end)
         if isinstance(op, Pop):
-            return BlockingPop(op.key, op.wait, op.timeout)
+            return BlockingPop(op.key, op.block, op.end)
         if isinstance(op, Release):
-            return Script(op.script, op.key, tuple(op.args), op.timeout)
+            return Script(op.script, op.key, tuple(op.args), op.end)
         if isinstance(op, Sleep):
             return Pause(op.seconds)
         raise AssertionError(f"unknown step {op!r}")
@@ -223,21 +228,22 @@ class RedisProtocol:
 
     def release(self, group: str, name: str, owner: str, mode: str) -> Ops:
         key = self.x_key(group, name, mode)
-        reply = yield Script(RELEASE[mode], key, tuple(release_args(owner, mode)), self.socket_timeout)
+        reply = yield Script(RELEASE[mode], key, tuple(release_args(owner, mode)),
+                             CLOCK.monotonic() + self.socket_timeout)
         return self.engine._released(group, name, reply)
 
     def renew(self, items: list[RenewItem]) -> Ops:
         """:meth:`RedisEngine.renew`: one pipeline of renew script calls."""
         calls = tuple((self.x_key(i.group, i.name, i.mode), (i.owner, i.mode, int(i.lease * 1000))) for i in items)
         try:
-            replies = yield RenewBatch(calls, self.socket_timeout)
+            replies = yield RenewBatch(calls, CLOCK.monotonic() + self.socket_timeout)
         except EngineUnavailable:
             return [None] * len(items)
         return [None if isinstance(reply, Exception) else bool(reply) for reply in replies]
 
     def adopt(self, group: str, name: str, mode: str, old: str, new: str, token: int) -> Ops:
         reply = yield Script("adopt", self.x_key(group, name, mode), (old, new, mode, str(token)),
-                             self.socket_timeout)
+                             CLOCK.monotonic() + self.socket_timeout)
         return bool(reply)
 
 
@@ -250,6 +256,8 @@ class LocalProtocol:
 
     def __init__(self) -> None:
         self.engine = LocalEngine()
+        #: Told (items, results) of every renewal (the world records them: they take no time).
+        self.on_renew: Callable[[list[RenewItem], list[bool | None]], None] | None = None
 
     def acquire(self, r: AcquireRequest) -> Ops:
         steps = self.engine._acquire_steps(r)
@@ -265,7 +273,10 @@ class LocalProtocol:
         yield  # a generator, as the Redis protocol's
 
     def renew(self, items: list[RenewItem]) -> Ops:
-        return self.engine.renew(items)
+        results = self.engine.renew(items)
+        if self.on_renew is not None:
+            self.on_renew(items, results)
+        return results
         yield
 
     def adopt(self, group: str, name: str, mode: str, old: str, new: str, token: int) -> Ops:
@@ -300,26 +311,36 @@ class Process:
     polling: Polling
     on_lost: Any
     table: HoldTable = field(default_factory=HoldTable)
+    tickets: int = 0
 
     def owner(self, n: int) -> str:
         return f"sim:{self.name}:0:{n}"
 
     def request(self, kind: str, group: str, name: str, owner: str, mode: str, fair: bool,
-                deadline: float | None, permits: int = 0) -> AcquireRequest:
+                deadline: float | None, permits: int = 0,
+                queued: Callable[[Any], None] | None = None) -> AcquireRequest:
+        """The facade's request (``Holding._request``); ``queued``: a watched acquisition's
+        callback (its tries ask for the holders' notes)."""
         return AcquireRequest(group, name, owner, mode, fair, self.lease, deadline, self.polling,
-                              permits if kind == SEMAPHORE else 0, "")
+                              permits if kind == SEMAPHORE else 0, "", queued)
 
     def take(self, r: AcquireRequest, kind: str) -> Ops:
         """A first acquisition (``Lock._acquire``/``_taken``): the hold, or None at the deadline."""
         token = yield from self.protocol.acquire(r)
         if token is None:
             return None
+        granted = None
+        if token.__class__ is Grant:
+            granted, token = token.granted, int(token)
         hold = Hold(self.protocol.engine, r.group, r.name, r.owner, self.lease, token, kind)
         if r.mode == WRITE:
             hold.writes = 1
         else:
             hold.reads = 1
-        self.table.add(hold, r.mode, self.polling.waiter_lease / 3)
+        waiter_lease = self.polling.waiter_lease
+        self.table.add(hold, r.mode, waiter_lease / 3, granted, min(self.lease, waiter_lease))
+        if hold.lost:
+            self.on_lost(hold, "acquire")
         return hold
 
     def downgrade(self, hold: Hold, fair: bool) -> Ops:
@@ -329,8 +350,10 @@ class Process:
         if token is None:
             raise LockLost("the server refused this write holder its downgrade to read")
         hold.reads = 1
-        self.table.renew_from(hold, READ, self.polling.waiter_lease / 3)
-        return token
+        waiter_lease = self.polling.waiter_lease
+        self.table.renew_from(hold, READ, waiter_lease / 3, token.granted if token.__class__ is Grant else None,
+                              min(self.lease, waiter_lease))
+        return int(token)
 
     def release(self, hold: Hold, mode: str) -> Ops:
         """A final release of ``mode`` (``Lock._count_release`` and ``_release``): True if the
@@ -351,7 +374,9 @@ class Process:
         return True
 
     def detach(self, hold: Hold, lease: float) -> Ops:
-        """``Lock.detach``: renew for the ticket's lease, stop renewing; the ticket, or None if lost."""
+        """:func:`ylock.tickets.detach`: renew for the ticket's lease, hand the hold to a fresh
+        owner id (the ticket's) through the engine's adopt, stop renewing; the ticket, or None
+        if the hold was lost."""
         if hold.lost:
             return None
         mode = hold.held_modes()[0][0]
@@ -360,22 +385,34 @@ class Process:
             self.table.lose(hold, "the server no longer had this hold at detach")
             self.on_lost(hold, "detach")
             return None
+        self.tickets += 1
+        holder = f"sim:{self.name}:ticket:{self.tickets}"
+        if not (yield from self.protocol.adopt(hold.group, hold.name, mode, hold.owner, holder, hold.token)):
+            self.table.lose(hold, "the server no longer had this hold at detach")
+            self.on_lost(hold, "detach")
+            return None
         self.table.remove(hold)
-        return Ticket(hold.kind, hold.group, hold.name, mode, hold.owner, hold.token, 0)
+        self.protocol.engine.detached(hold.group, hold.name, mode, holder, lease)
+        return Ticket(hold.kind, hold.group, hold.name, mode, holder, hold.token, 0)
 
     def adopt(self, ticket: Ticket, owner: str) -> Ops:
-        """``Lock.adopt``: the hold, or None if the ticket's hold is gone."""
+        """:func:`ylock.tickets.adopt`: the hold, or None if the ticket's hold is gone."""
         t = ticket
         if not (yield from self.protocol.adopt(t.group, t.name, t.mode, t.owner, owner, t.token)):
             return None
-        yield from self.protocol.renew([RenewItem(t.group, t.name, owner, t.mode, self.lease)])
+        granted = CLOCK.monotonic()
+        renewed, = yield from self.protocol.renew([RenewItem(t.group, t.name, owner, t.mode, self.lease)])
         hold = Hold(self.protocol.engine, t.group, t.name, owner, self.lease, t.token, t.kind)
         if t.mode == WRITE:
             hold.writes = 1
         else:
             hold.reads = 1
-        self.table.add(hold, t.mode, self.lease / 3)
+        self.table.add(hold, t.mode, self.lease / 3, granted, self.lease if renewed else 0.0)
         return hold
+
+    def lost(self, hold: Hold) -> bool:
+        """``Holding.lost``: whether the owner is told its hold is lost."""
+        return self.table.lost_now(hold)
 
     def watchdog(self) -> Ops:
         """``Watchdog._run`` over this process's table (its thread's loop, mirrored; the
@@ -384,13 +421,19 @@ class Process:
         while True:
             now = CLOCK.monotonic()
             with table.changed:
+                overdue = table.overdue(now)
                 earliest = table.earliest_due()
-                if earliest is None or earliest > now:
+                if overdue:
+                    batches = {}
+                elif earliest is None or earliest > now:
                     table.wake_at = float("inf") if earliest is None else earliest
                     batches = None
                 else:
                     table.wake_at = now
                     batches = table.due(now)
+            for hold in overdue:
+                table.lose(hold, "its lease may have run out: no renewal was confirmed in time")
+                self.on_lost(hold, "renewal")
             if batches is None:
                 yield WatchdogSleep(earliest)
                 continue

@@ -20,6 +20,7 @@ class Try:
     done: float | None = None
     status: int | None = None
     call: int = 0              # the world's id of the script call
+    first: bool = False        # the engine's own first try (RedisEngine.acquire's), not the steps'
 
 
 @dataclass
@@ -39,6 +40,8 @@ class Acquisition:
     token: int | None = None
     tries: list[Try] = field(default_factory=list)
     grant_call: int | None = None  # the script call whose answer gave the token (None: a pop)
+    #: A watched acquisition: what its ``queued`` callback was told (the holders' notes or None), each time.
+    told: list[object] = field(default_factory=list)
 
 
 @dataclass
@@ -54,16 +57,19 @@ class HoldRecord:
     start: float
     first_lease: float         # the lease its grant gave (min(lease, waiter lease)), s
     lease: float
-    how: str                   # "acquire", "downgrade", "adopt"
+    how: str                   # "acquire", "downgrade", "adopt", "ticket" (a detached hold, nobody's)
     parent: int | None = None  # the hold it continues (downgrade, adopt)
     acquisition: int | None = None
     end: float | None = None
-    why: str = ""              # "release", "lost", "crash", "detach", "end"
+    why: str = ""              # "release", "lost", "crash", "detach", "adopted", "end"
     told_lost: float | None = None
     released: bool | None = None   # the release's answer: the server still had it
     #: (sent, answered or timed out, True/False/None, script call, lease s) of each renewal
     renewals: list[tuple[float, float, bool | None, int, float]] = field(default_factory=list)
-    grant_calls: list[int] = field(default_factory=list)   # script calls that granted or extended it
+    #: A downgrade's read hold: the tries of its acquisition (its grant floor).
+    tries: list[Try] = field(default_factory=list)
+    #: Each time its owner asked whether it still holds it (``lock.lost``): (time, held).
+    reads: list[tuple[float, bool]] = field(default_factory=list)
 
 
 @dataclass
@@ -77,6 +83,8 @@ class History:
     errors: list[str] = field(default_factory=list)                          # client errors
     end: float = 0.0
     permits: dict[str, int] = field(default_factory=dict)                   # semaphore name -> permits
+    #: Adoptions whose answer never came (owner, lock, token, the ticket's hold record id)
+    adopt_attempts: list[tuple[str, tuple[str, str], int, int]] = field(default_factory=list)
 
     def paused(self, proc: str, start: float, end: float) -> bool:
         """Whether ``proc`` was paused (or dead) at some moment of [start, end]."""
@@ -84,6 +92,10 @@ class History:
         if crashed is not None and crashed <= end:
             return True
         return any(p == proc and a <= end and b >= start for p, a, b in self.pauses)
+
+    def hold(self, id: int) -> HoldRecord:
+        """The hold record ``id``."""
+        return next(h for h in self.holds if h.id == id)
 
     def lost_call(self, call: int) -> bool:
         return any(call in lost for _, _, lost in self.failovers)

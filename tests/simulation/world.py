@@ -123,19 +123,22 @@ class _Proc:
         self.current: Acquisition | None = None
         self.serial = 1
         self.owner = process.owner(1)
+        #: ((owner, lock, mode), renewals) while an adoption is under way
+        self.adopting: tuple[tuple[str, tuple[str, str], str], list[Any]] | None = None
 
     def clock(self) -> float:
         return self.world.now / US + self.offset
 
 
 class _Call:
-    __slots__ = ("id", "task", "op", "sent", "settled", "epoch", "attempt")
+    __slots__ = ("id", "task", "op", "sent", "settled", "epoch", "attempt", "timeout")
 
-    def __init__(self, id: int, task: _Task, op: Any, sent: int, epoch: int) -> None:
+    def __init__(self, id: int, task: _Task, op: Any, sent: int, epoch: int, timeout: int) -> None:
         self.id = id
         self.task = task
         self.op = op
         self.sent = sent
+        self.timeout = timeout          # µs from sent: when the client gives up on it
         self.settled = False
         self.epoch = epoch
         self.attempt: Try | None = None
@@ -169,12 +172,13 @@ class World:
         self.seq = itertools.count()
         self.call_ids = itertools.count(1)
         self.history = History()
-        self.tickets: list[Ticket] = []
+        self.tickets: list[tuple[Ticket, int]] = []      # a detached hold's ticket, its record's id
         if c.engine == "redis":
             self.protocol: Any = RedisProtocol(c.socket_timeout)
             self.server = Server(host or ScriptHost(self.protocol.sources()))
         else:
             self.protocol = LocalProtocol()
+            self.protocol.on_renew = self._record_local_renewals
             self.server = Server(None)
         self.polling = SimPolling(initial=min(0.05, c.poll_max), maximum=c.poll_max, seed=c.seed)
         self.procs: list[_Proc] = []
@@ -182,6 +186,7 @@ class World:
         self.acq_ids = itertools.count(1)
         self.hold_ids = itertools.count(1)
         self.steps = 0
+        self.running: _Proc | None = None        # the process whose task runs now
         if c.semaphore:
             self.history.permits["s"] = c.permits
 
@@ -234,6 +239,7 @@ class World:
             proc.deferred.append((task, value, exc))
             return
         task.waiting = task.sleep_until = task.call = None
+        self.running = proc
         CLOCK.set(proc.clock())
         try:
             op = task.gen.send(value) if exc is None else task.gen.throw(exc)
@@ -284,8 +290,8 @@ class World:
             if op.mailbox._events:
                 self.at(self.now, self._wake_local, task, op.mailbox)
                 task.waiting = None
-            elif op.timeout is not None:
-                self.at(self.now + max(1, math.ceil(op.timeout * US)), self._timer, task, op)
+            elif op.until is not None:
+                self.at(self.now + max(1, math.ceil((op.until - proc.clock()) * US)), self._timer, task, op)
         else:
             raise AssertionError(f"unknown operation {op!r}")
 
@@ -302,15 +308,16 @@ class World:
         return int(self.rng.uniform(50, 600))
 
     def _send(self, task: _Task, op: Any) -> None:
-        call = _Call(next(self.call_ids), task, op, self.now, self.server.epoch)
-        task.call = call
         proc = task.proc
+        timeout = max(0, math.ceil((op.end - proc.clock()) * US))     # the call's bound, on its clock
+        call = _Call(next(self.call_ids), task, op, self.now, self.server.epoch, timeout)
+        task.call = call
         if isinstance(op, Script) and op.name in ("acquire", "sem_acquire") and proc.current is not None \
                 and task.name == "main":
-            call.attempt = Try(self.now / US, str(op.args[2]), call=call.id)
+            call.attempt = Try(self.now / US, str(op.args[2]), call=call.id, first=op.first)
             proc.current.tries.append(call.attempt)
         self.at(self.now + self._latency(), self._arrive, call)
-        self.at(self.now + int(op.timeout * US), self._timeout, call)
+        self.at(self.now + timeout, self._timeout, call)
 
     def _timeout(self, call: _Call) -> None:
         if call.settled:
@@ -345,7 +352,7 @@ class World:
             return
         delay = self._latency()
         if self.rng.random() < c.p_late:
-            delay += int(self.rng.uniform(0, 1.3) * call.op.timeout * US)
+            delay += int(self.rng.uniform(0, 1.3) * call.timeout)
             self.note(f"the answer to call {call.id} is late by {delay / US:.6f} s")
         self.at(self.now + delay, self._reply, call, value, exc)
 
@@ -361,11 +368,11 @@ class World:
             key = op.key.encode()
             server.keyspace.now_ms = (self.now + server.offset) // 1000
             got = server.keyspace.blpop_now(key)
-            self.note(f"{call.task.proc.name} call {call.id} BLPOP {op.key} {op.wait:.6f}: {got}")
+            self.note(f"{call.task.proc.name} call {call.id} BLPOP {op.key} {op.block:.6f}: {got}")
             if got is not None:
                 self._answer(call, got)
                 return
-            until = self.now + int(op.wait * US)
+            until = self.now + int(op.block * US)
             server.blocked.setdefault(key, []).append((call, until))
             self.at(until, self._pop_timeout, call, key)
             return
@@ -504,6 +511,9 @@ class World:
         server.offset += skew
         server.stream = []
         server.up = True
+        if skew:
+            # The promoted server's clock is the old one's plus the skew: to every lease, a jump.
+            self.history.jumps.append((self.now / US, skew / US))
 
     # -- recording --------------------------------------------------------------------------
 
@@ -522,26 +532,61 @@ class World:
     def _record_renewals(self, call: _Call, replies: list[Any] | None) -> None:
         """A renewal batch's answers (None: no answer in time) as each hold's renewals."""
         for i, (key, args) in enumerate(call.op.calls):
-            record = self._find(str(args[0]), key, str(args[1]))
-            if record is None:
-                continue
+            owner, mode = str(args[0]), str(args[1])
+            lock = _lock_of(key)
             reply = None if replies is None or isinstance(replies[i], Exception) else bool(replies[i])
-            record.renewals.append((call.sent / US, self.now / US, reply, call.id, int(args[2]) / 1000))
+            renewal = (call.sent / US, self.now / US, reply, call.id, int(args[2]) / 1000)
+            adopting = call.task.proc.adopting
+            if adopting is not None and adopting[0] == (owner, lock, mode):
+                adopting[1].append(renewal)      # the adopter's first renewal: its record opens next
+                continue
+            record = self._find(owner, lock, mode)
+            if record is not None:
+                record.renewals.append(renewal)
 
-    def _find(self, owner: str, key: str, mode: str) -> HoldRecord | None:
-        """The latest hold of ``owner`` in ``mode`` on the lock of ``key`` (open or not)."""
-        name = key.split(":")[-3] if key.endswith(":p:x") else key.split(":")[-2]
-        kind = SEMAPHORE if key.endswith(":p:x") else LOCK
-        name = name.rstrip("}")
+    def _record_local_renewals(self, items: list[Any], results: list[bool | None]) -> None:
+        """The local engine's renewals (calls in the process: sent and answered at once)."""
+        for item, result in zip(items, results):
+            lock = (SEMAPHORE if item.mode == PERMIT else LOCK), item.name
+            renewal = (self.now / US, self.now / US, result, 0, item.lease)
+            adopting = self.running.adopting if self.running is not None else None
+            if adopting is not None and adopting[0] == (item.owner, lock, item.mode):
+                adopting[1].append(renewal)
+                continue
+            record = self._find(item.owner, lock, item.mode)
+            if record is not None:
+                record.renewals.append(renewal)
+
+    def _find(self, owner: str, lock: tuple[str, str], mode: str) -> HoldRecord | None:
+        """The open hold of ``owner`` in ``mode`` on ``lock``, else its latest (a renewal
+        answered after its owner stopped acting on the hold still tells how long the server
+        may keep it)."""
+        for record in self.holds.values():
+            if record.owner == owner and record.mode == mode and record.lock == lock:
+                return record
         for record in reversed(self.history.holds):
-            if record.owner == owner and record.mode == mode and record.lock == (kind, name):
+            if record.owner == owner and record.mode == mode and record.lock == lock:
                 return record
         return None
 
     def _open(self, proc: _Proc, hold: Any, lock: tuple[str, str], mode: str, how: str,
               parent: int | None = None, acquisition: int | None = None) -> HoldRecord:
         c = self.config
-        first = c.lease if how == "adopt" else min(c.lease, self.polling.waiter_lease)
+        # A grant lasts min(lease, waiter lease) until renewed; an adopted hold lasts what its
+        # ticket had (its parent's) until the adopter's renewal.
+        first = 0.0 if how == "adopt" else min(c.lease, self.polling.waiter_lease)
+        if parent is None:
+            # A hold of this owner after an adoption whose answer it never heard (its script
+            # may have run, making the ticket's hold this owner's): the ticket's hold,
+            # continued, with its token, or with a new one if a new request found it.
+            attempts = [(tok == hold.token, t) for o, lk, tok, t in self.history.adopt_attempts
+                        if o == hold.owner and lk == lock]
+            ticket = next((self.history.hold(t) for same, t in sorted(attempts, reverse=True)
+                           if same or self.history.hold(t).end is None), None)
+            if ticket is not None:
+                parent = ticket.id
+                if ticket.end is None:
+                    ticket.end, ticket.why = self.now / US, "adopted"
         record = HoldRecord(next(self.hold_ids), proc.name, hold.owner, lock, mode, hold.token, self.now / US,
                             first, c.lease, how, parent, acquisition)
         self.history.holds.append(record)
@@ -571,7 +616,7 @@ class World:
         p = proc.process
         for _ in range(c.rounds):
             if self.tickets and rng.random() < 0.5:
-                yield from self._adopt(proc, self.tickets.pop(0))
+                yield from self._adopt(proc, *self.tickets.pop(0))
                 yield Pause(rng.uniform(0, 0.3))
                 continue
             if c.semaphore and rng.random() < 0.35:
@@ -586,7 +631,11 @@ class World:
                             None if timeout is None else self.now / US + timeout)
             self.history.acquisitions.append(a)
             proc.current = a
-            r = p.request(kind, GROUP, name, proc.owner, mode, fair, deadline, c.permits)
+            # A watched acquisition (tracing) asks for the holders' notes and is told once when
+            # it first waits (its own generator: the schedule's other draws stay as they were).
+            watched = random.Random(f"watch:{c.seed}:{a.id}").random() < 0.3
+            r = p.request(kind, GROUP, name, proc.owner, mode, fair, deadline, c.permits,
+                          a.told.append if watched else None)
             try:
                 hold = yield from p.take(r, kind)
             except EngineUnavailable:
@@ -602,19 +651,25 @@ class World:
             a.outcome, a.token = "token", hold.token
             record = self._open(proc, hold, (kind, name), mode, "acquire", acquisition=a.id)
             yield from self._work(proc, hold, rng.uniform(0.05, 1.5 * c.lease))
-            if hold.lost:
+            if not self._still_held(proc, hold):
                 yield from self._end(proc, hold, mode)
                 continue
             if mode == WRITE and rng.random() < 0.25:
+                # (its tries recorded as an acquisition's, not one of the history's: the read
+                # hold's grant floor is the send time of the try that granted it)
+                proc.current = d = Acquisition(0, proc.name, proc.owner, (kind, name), READ, fair, self.now / US,
+                                               self.now / US)
                 try:
                     token = yield from p.downgrade(hold, fair)
                 except (EngineUnavailable, LockError):
                     token = None
+                proc.current = None
                 if token is not None:
                     read_hold = _ReadView(hold)
                     self.holds[id(read_hold)] = rec = HoldRecord(
                         next(self.hold_ids), proc.name, hold.owner, (kind, name), READ, token, self.now / US,
                         min(c.lease, self.polling.waiter_lease), c.lease, "downgrade", record.id)
+                    rec.tries = d.tries
                     self.history.holds.append(rec)
                     self._close(hold, "release")
                     yield from self._release(proc, hold, WRITE, record)
@@ -623,30 +678,41 @@ class World:
                     yield from self._work(proc, hold, rng.uniform(0.05, c.lease))
                     yield from self._end(proc, hold, READ)
                     continue
-            if rng.random() < 0.15 and not hold.lost:
+            if rng.random() < 0.15 and self._still_held(proc, hold):
                 try:
                     ticket = yield from p.detach(hold, c.lease)
                 except EngineUnavailable:
                     ticket = None
                 if ticket is not None:
                     self._close(hold, "detach")
-                    self.tickets.append(ticket)
-                    # The detaching thread goes on as another owner: with the same id, its next
-                    # acquisition of this lock would find the detached hold its own (see the
-                    # closing note of issue 43: Lock.detach keeps the hold under its owner id).
-                    proc.serial += 1
-                    proc.owner = p.owner(proc.serial)
+                    # The hold is the ticket's now (its own owner id), until adopted or its lease ends.
+                    t = HoldRecord(next(self.hold_ids), f"{proc.name}:ticket", ticket.owner, (kind, name), mode,
+                                   hold.token, self.now / US, 0.0, c.lease, "ticket", record.id)
+                    self.history.holds.append(t)
+                    self.tickets.append((ticket, t.id))
                     continue
             yield from self._end(proc, hold, mode)
             yield Pause(rng.uniform(0, 0.3))
 
     def _work(self, proc: _Proc, hold: Any, seconds: float) -> Generator[Any, Any, None]:
+        """Work on what the hold protects for ``seconds``, asking (as ``lock.lost`` does)
+        before every step whether it is still held: each answer is recorded (the checker
+        holds every "held" to the server's lease)."""
         end = proc.clock() + seconds
-        while not hold.lost and proc.clock() < end:
+        while proc.clock() < end and self._still_held(proc, hold):
             yield Pause(min(0.1, max(0.0, end - proc.clock())) + 1e-6)
 
+    def _still_held(self, proc: _Proc, hold: Any) -> bool:
+        held = not proc.process.lost(hold)
+        record = self.holds.get(id(hold))
+        if record is not None:
+            record.reads.append((self.now / US, held))
+            if not held and record.told_lost is None:
+                self._lost(hold, "lost")
+        return held
+
     def _end(self, proc: _Proc, hold: Any, mode: str) -> Generator[Any, Any, None]:
-        record = self._close(hold, "release" if not hold.lost else "lost")
+        record = self._close(hold, "release" if self._still_held(proc, hold) else "lost")
         yield from self._release(proc, hold, mode, record)
 
     def _release(self, proc: _Proc, hold: Any, mode: str, record: HoldRecord | None) -> Generator[Any, Any, None]:
@@ -657,18 +723,33 @@ class World:
         if record is not None:
             record.released = held
 
-    def _adopt(self, proc: _Proc, ticket: Ticket) -> Generator[Any, Any, None]:
+    def _adopt(self, proc: _Proc, ticket: Ticket, parent: int) -> Generator[Any, Any, None]:
+        lock = (ticket.kind, ticket.name)
+        renewals: list[Any] = []
+        proc.adopting = ((proc.owner, lock, ticket.mode), renewals)
         try:
             hold = yield from proc.process.adopt(ticket, proc.owner)
         except EngineUnavailable:
+            # Its script may have run: a hold of this owner with the ticket's token continues it.
+            self.history.adopt_attempts.append((proc.owner, lock, ticket.token, parent))
             return
+        finally:
+            proc.adopting = None
         if hold is None:
             return
-        parent = next((h.id for h in reversed(self.history.holds)
-                       if h.owner == ticket.owner and h.token == ticket.token), None)
-        self._open(proc, hold, (ticket.kind, ticket.name), ticket.mode, "adopt", parent)
+        ticket_record = next(h for h in self.history.holds if h.id == parent)
+        if ticket_record.end is None:
+            ticket_record.end, ticket_record.why = self.now / US, "adopted"
+        record = self._open(proc, hold, lock, ticket.mode, "adopt", parent)
+        record.renewals.extend(renewals)
         yield from self._work(proc, hold, proc.rng.uniform(0.05, self.config.lease))
         yield from self._end(proc, hold, ticket.mode)
+
+
+def _lock_of(key: str) -> tuple[str, str]:
+    """The (kind, name) of the lock whose x key is ``key``."""
+    name = key.split(":")[-3] if key.endswith(":p:x") else key.split(":")[-2]
+    return (SEMAPHORE if key.endswith(":p:x") else LOCK), name.rstrip("}")
 
 
 class _ReadView:

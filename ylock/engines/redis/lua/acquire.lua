@@ -50,10 +50,12 @@ end
 local now = clock()
 local writer, wtok = writer_of()
 
--- Fast path for a reader: no writer holds and nobody waits.
+-- Fast path for a reader: no writer holds and nobody waits. A new request: a new token,
+-- even if a read grant of a request whose answer never came is still there (its token is
+-- below those issued since).
 if mode == 'read' and not writer and not queued and redis.call('LLEN', K.q) == 0 then
   fast_note(o, ARGV[6], lease)
-  return {1, grant_read(o, lease, now)}
+  return {1, grant_read(o, lease, now, next_token())}
 end
 
 -- A new request (not queued as far as the owner knows): an entry of a request it gave up on
