@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-__all__ = ["CommandError", "Keyspace", "Status", "fmt_number"]
+__all__ = ["CommandError", "Keyspace", "Status", "command_handler", "fmt_number"]
 
 WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
 
@@ -477,3 +477,8 @@ _COMMANDS = {
     "ZCARD": Keyspace.zcard, "ZRANGE": Keyspace.zrange, "ZRANGEBYSCORE": Keyspace.zrangebyscore,
     "ZCOUNT": Keyspace.zcount, "ZREMRANGEBYSCORE": Keyspace.zremrangebyscore,
 }
+
+
+def command_handler(command: str) -> Any:
+    """The method that runs ``command`` (upper case) on a keyspace, or None if unknown."""
+    return _COMMANDS.get(command)

@@ -187,6 +187,7 @@ class World:
         self.hold_ids = itertools.count(1)
         self.steps = 0
         self.running: _Proc | None = None        # the process whose task runs now
+        self.programs = c.processes                # programs still running (not done, not crashed)
         if c.semaphore:
             self.history.permits["s"] = c.permits
 
@@ -221,7 +222,7 @@ class World:
                 if self.steps > 400_000:
                     self.history.errors.append("runaway: more than 400000 events")
                     break
-                if all(p.crashed or p.tasks[0].gen is None for p in self.procs):
+                if not self.programs:        # every program finished or crashed
                     break
         self.history.end = self.now / US
         for record in self.holds.values():
@@ -245,9 +246,13 @@ class World:
             op = task.gen.send(value) if exc is None else task.gen.throw(exc)
         except StopIteration:
             task.gen = None
+            if task.name == "main":
+                self.programs -= 1
             op = None
         except Exception as error:  # noqa: BLE001 - a client error is a finding
             task.gen = None
+            if task.name == "main":
+                self.programs -= 1
             op = None
             self.history.errors.append(f"{proc.name}/{task.name} at {self.now / US:.6f}: {error!r}")
         finally:
@@ -404,9 +409,10 @@ class World:
                 self.note(f"{call.task.proc.name} call {call.id} {name} {key} {args}")
         if self.trace is not None:
             self.note(f"  -> {reply!r}")
-        server.stream.append((call.id, server.keyspace.copy()))
-        if len(server.stream) > 6:
-            del server.stream[0]
+        if self.config.failovers:        # (the replication stream a failover promotes a prefix of)
+            server.stream.append((call.id, server.keyspace.copy()))
+            if len(server.stream) > 6:
+                del server.stream[0]
         self._serve_blocked()
         return reply
 
@@ -470,6 +476,8 @@ class World:
         if proc.crashed:
             return
         proc.crashed = True
+        if proc.tasks[0].gen is not None:
+            self.programs -= 1
         self.note(f"NEMESIS crash {proc.name}")
         self.history.crashes[proc.name] = self.now / US
         for key, record in list(self.holds.items()):
