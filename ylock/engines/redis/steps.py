@@ -15,7 +15,12 @@ from ylock.engines.redis.scripts import ACQUIRE, RELEASE, Acquired, TryFlags, re
 from ylock.errors import EngineUnavailable
 from ylock.holds import Grant
 
-__all__ = ["Acquire", "Pop", "Release", "Sleep", "acquire_steps", "queued_too_late"]
+__all__ = ["PROMPT", "Acquire", "Pop", "Release", "Sleep", "acquire_steps", "queued_too_late"]
+
+#: A first try answered within this many seconds of its send may be answered as a bare
+#: token, whose lease the facade counts from the answer (it is off by less than this); one
+#: answered later goes through :func:`acquire_steps` with its send time.
+PROMPT = 0.001
 
 
 class Acquire(NamedTuple):
