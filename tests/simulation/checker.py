@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tests.simulation.history import Acquisition, History, HoldRecord, Try
+from tests.simulation.history import History, HoldRecord, Try
 from tests.simulation.world import Config
+from ylock.engines.redis.steps import PROMPT
 
 __all__ = ["check", "exact", "idle_bound", "lease_floor"]
 
@@ -58,8 +59,7 @@ def _grant_floor(history: History, hold: HoldRecord, answered: bool = False) -> 
     Granted by a try of its own: that try's send time. Granted by a releaser (its token
     pushed to the list its owner pops): after the last try that queued it ran, which was
     after that try was sent (a try that ran after the grant would have taken it itself).
-    ``answered``: for a hold granted by the engine's own first try, count from that try's
-    answer instead (see :data:`FIRST_TRY_FROM_ANSWER`)."""
+    ``answered``: count from the answer where the facade does (see :data:`FIRST_TRY_SENT`)."""
     if hold.how not in ("acquire", "downgrade"):
         return hold.start, None
     tries = _tries(history, hold)
@@ -68,23 +68,31 @@ def _grant_floor(history: History, hold: HoldRecord, answered: bool = False) -> 
     done = [t for t in tries if t.done is not None and t.done <= hold.start + EPS]
     if done and done[-1].status == 1:
         t = done[-1]
-        return (t.done if answered and t.first and t.done is not None else t.sent), t.call
-    earlier = [t.sent for t in done if t.status == 0]
-    if earlier:
-        return earlier[-1], None
+        if answered and t.first and t.done is not None and (not FIRST_TRY_SENT or t.done - t.sent < PROMPT):
+            return hold.start, t.call
+        return t.sent, t.call
+    queued = [t for t in done if t.status == 0]
+    if queued:
+        t = queued[-1]
+        if answered and t.first and not FIRST_TRY_SENT:
+            return hold.start, None
+        return t.sent, None
     if hold.how == "downgrade":
         return hold.start, None
     return tries[0].sent, None
 
 
-#: The engine's own first try (``RedisEngine.acquire``, before its steps) hands the facade
-#: a bare token: the facade counts the hold's first lease from the answer, not from the
-#: send (the steps' grants carry their send time: ``ylock.holds.Grant``). A first try
-#: answered late (a paused client, a frozen server) therefore may tell its owner it holds
-#: for up to that delay after the server may have dropped the hold. True while the engine
-#: does not pass its first try's send time (see the closing note of issue 43): the told-in-
-#: time invariant counts such holds from the answer, the exclusion invariant from the send.
-FIRST_TRY_FROM_ANSWER = True
+#: Whether the engine's own first try (``RedisEngine.acquire``'s, before its steps) tells
+#: the steps when it was sent. Not yet (see the closing note of issue 43): a grant of that
+#: try, or one popped right after it, reaches the facade as a bare token, and the facade
+#: counts the hold's first lease from the answer, not from the send (the steps' own grants
+#: carry their send time: ``ylock.holds.Grant``); so a first try answered late (a paused
+#: client, a frozen server) may tell its owner it holds for up to that delay after the
+#: server may have dropped the hold. The told-in-time invariant counts such holds from
+#: their answer (the hold's start) while this is False; the exclusion invariant always
+#: counts from the send. Once True, only a bare token answered within PROMPT is counted
+#: from its answer.
+FIRST_TRY_SENT = False
 
 
 def lease_floor(history: History, hold: HoldRecord, until: float, jumps: bool = True,
@@ -193,10 +201,11 @@ def check(config: Config, history: History) -> list[str]:
 
 def exact(config: Config) -> bool:
     """Whether the processes' view of their requests is exact enough to judge fairness and
-    idle time from it: no answer dropped or late (an abandoned request may be granted behind
-    its owner's back, and a new request of that owner then finds it), no clock jump, no
-    failover. The other invariants are checked on every schedule."""
-    return not (config.p_drop or config.p_late or config.jumps or config.failovers)
+    idle time from it: a simulated schedule (real processes' timing is not exact), no answer
+    dropped or late (an abandoned request may be granted behind its owner's back, and a new
+    request of that owner then finds it), no clock jump, no failover. The other invariants
+    are checked on every schedule."""
+    return config.exact and not (config.p_drop or config.p_late or config.jumps or config.failovers)
 
 
 def _events(holds: list[HoldRecord]) -> list[tuple[float, HoldRecord]]:
@@ -242,7 +251,7 @@ def _told_in_time(history: History, h: HoldRecord) -> list[str]:
     for t, held in h.reads:
         if not held:
             continue
-        floor = lease_floor(history, h, t, jumps=False, answered=FIRST_TRY_FROM_ANSWER)
+        floor = lease_floor(history, h, t, jumps=False, answered=True)
         if floor <= t - EPS and not _lost_write(history, h):
             return [f"told late: {h.proc} was told at {t:.6f} s that it still holds {h.lock[1]} ({h.mode}, token "
                     f"{h.token}), whose lease may have run out at {floor:.6f} s"]
@@ -340,7 +349,8 @@ def _liveness(config: Config, history: History, by_lock: dict[tuple[str, str], l
             if h.owner == w.owner:
                 continue
             if (h.released is not None and h.why == "release") or h.why in ("detach", "adopted"):
-                until = h.end or history.end     # (a detached hold goes on as its ticket's, an adopted ticket's as the adopter's)
+                # (a detached hold goes on as its ticket's, an adopted ticket's as the adopter's)
+                until = h.end or history.end
             else:
                 until = lease_ceiling(history, h)
             busy.append((h.start - 1.0, until))     # a grant is learned up to a round trip late

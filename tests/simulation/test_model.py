@@ -44,13 +44,15 @@ def _commands(rng: random.Random) -> Iterator[tuple[Any, ...]]:
     for _ in range(400):
         k, m = rng.choice(keys), rng.choice(members)
         yield rng.choice([
-            ("SET", k, m), ("SET", k, m, "PX", 100000), ("SET", k, m, "PX", 100000, "GET"), ("SET", k, m, "KEEPTTL"),
-            ("SET", k, m, "PX", 0), ("GET", k), ("MGET", k, b"k:s", b"nope"), ("DEL", k, b"k:l"), ("EXISTS", k, b"k:z", k),
+            ("SET", k, m), ("SET", k, m, "PX", 100000), ("SET", k, m, "PX", 100000, "GET"),
+            ("SET", k, m, "KEEPTTL"), ("SET", k, m, "PX", 0), ("GET", k), ("MGET", k, b"k:s", b"nope"),
+            ("DEL", k, b"k:l"), ("EXISTS", k, b"k:z", k),
             ("PEXPIRE", k, 50000), ("PEXPIRE", k, 0), ("RENAME", k, b"k:x"),
             ("RPUSH", b"k:l", m, m), ("LPUSH", b"k:l", m), ("LPOP", b"k:l"), ("LLEN", b"k:l"), ("LPOS", b"k:l", m),
             ("LINDEX", b"k:l", rng.randint(-3, 3)), ("LRANGE", b"k:l", rng.randint(-4, 3), rng.randint(-4, 3)),
             ("LREM", b"k:l", rng.randint(-2, 2), m), ("LTRIM", b"k:l", rng.randint(-3, 2), rng.randint(-3, 3)),
-            ("ZADD", b"k:z", rng.choice([1, 2.5, 1700000000123, -3]), m), ("ZSCORE", b"k:z", m), ("ZREM", b"k:z", m, b"e"),
+            ("ZADD", b"k:z", rng.choice([1, 2.5, 1700000000123, -3]), m), ("ZSCORE", b"k:z", m),
+            ("ZREM", b"k:z", m, b"e"),
             ("ZCARD", b"k:z"), ("ZRANGE", b"k:z", 0, -1, "WITHSCORES"), ("ZRANGE", b"k:z", -1, -1),
             ("ZRANGEBYSCORE", b"k:z", "-inf", rng.choice([2, 2.5, 1700000000123])),
             ("ZRANGEBYSCORE", b"k:z", "(1", "+inf", "WITHSCORES"), ("ZCOUNT", b"k:z", "(2", "+inf"),
