@@ -141,6 +141,14 @@ def _lost_write(history: History, hold: HoldRecord) -> bool:
     return False
 
 
+def _forced(history: History, h: HoldRecord, t: float) -> float | None:
+    """When an operator force-released ``h``'s lock after it may have been granted and by
+    ``t``, if so (its holder learns it at its next renewal: no invariant holds it to its
+    lease after that)."""
+    since = _grant_floor(history, h)[0] if h.how in ("acquire", "downgrade") else h.start - h.lease
+    return next((f for f, lock in history.forced if lock == h.lock and since < f <= t + EPS), None)
+
+
 def _surely_held(history: History, a: HoldRecord, t: float) -> bool:
     """Whether the server surely still keeps ``a`` at ``t`` and its owner may act on it.
 
@@ -152,7 +160,7 @@ def _surely_held(history: History, a: HoldRecord, t: float) -> bool:
     lease still binds the server: a crash is no excuse."""
     if a.told_lost is not None and a.told_lost <= t + EPS:
         return False
-    if lease_floor(history, a, t) <= t + EPS:
+    if lease_floor(history, a, t) <= t + EPS or _forced(history, a, t) is not None:
         return False
     return not _lost_write(history, a)
 
@@ -190,6 +198,7 @@ def check(config: Config, history: History) -> list[str]:
         problems += _tokens(history, lock, holds, ids)
     for h in history.holds:
         problems += _told_in_time(history, h)
+        problems += _described(history, h)
     for a in history.acquisitions:
         if len(a.told) > 1:
             problems.append(f"queued: {a.proc}'s acquisition {a.id} was told it waits {len(a.told)} times")
@@ -244,12 +253,28 @@ def _exclusion(history: History, lock: tuple[str, str], holds: list[HoldRecord],
     return out
 
 
+def _described(history: History, h: HoldRecord) -> list[str]:
+    """``describe_lock`` lists a holder the server surely keeps throughout the call: a writer
+    alone with its token, a reader or a permit among the owners."""
+    out = []
+    for sent, done, owners, mode, token in h.described:
+        if not (_surely_held(history, h, sent) and _surely_held(history, h, done)):
+            continue
+        if h.mode == "write" and (mode != "write" or owners != (h.owner,) or token != h.token):
+            out.append(f"describe: {h.proc} holds {h.lock[1]} (write, token {h.token}) from {sent:.6f} to "
+                       f"{done:.6f} s, described as {mode} by {owners} with token {token}")
+        elif h.mode != "write" and h.owner not in owners:
+            out.append(f"describe: {h.proc} holds {h.lock[1]} ({h.mode}, token {h.token}) from {sent:.6f} to "
+                       f"{done:.6f} s, not among the owners described: {owners}")
+    return out
+
+
 def _told_in_time(history: History, h: HoldRecord) -> list[str]:
     """Its owner is never told it still holds ``h`` (``lock.lost`` False) once the server
     may have dropped it (a clock jump aside, which the owner cannot see; a failover that
     lost the grant is the documented window of asynchronous replication)."""
     for t, held in h.reads:
-        if not held:
+        if not held or _forced(history, h, t) is not None:
             continue
         floor = lease_floor(history, h, t, jumps=False, answered=True)
         if floor <= t - EPS and not _lost_write(history, h):
@@ -353,6 +378,9 @@ def _liveness(config: Config, history: History, by_lock: dict[tuple[str, str], l
                 until = h.end or history.end
             else:
                 until = lease_ceiling(history, h)
+            forced = _forced(history, h, until)
+            if forced is not None:
+                until = min(until, forced)
             busy.append((h.start - 1.0, until))     # a grant is learned up to a round trip late
         crashed = history.crashes.get(w.proc)
         if crashed is not None and crashed <= end:

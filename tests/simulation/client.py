@@ -32,6 +32,8 @@ from ylock.engines.local import LocalEngine
 from ylock.engines.redis import engine as _engine_module
 from ylock.engines.redis import steps as _steps_module
 from ylock.engines.redis.engine import RedisEngine
+from ylock.engines.redis.inspection import describe_base
+from ylock.engines.redis.keys import Keys
 from ylock.engines.redis.scripts import ACQUIRE, RELEASE, SOURCES, release_args
 from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps, queued_too_late
 from ylock.errors import EngineUnavailable, LockLost
@@ -246,6 +248,28 @@ class RedisProtocol:
                              CLOCK.monotonic() + self.socket_timeout)
         return bool(reply)
 
+    def describe(self, group: str, name: str, kind: str) -> Ops:
+        """:meth:`RedisEngine.describe_lock`: its script by the world, its reply read by the
+        engine's own :func:`~ylock.engines.redis.inspection.describe_base`."""
+        key = self.x_key(group, name, PERMIT if kind == SEMAPHORE else WRITE)
+        reply = yield Script("describe", key, (), CLOCK.monotonic() + self.socket_timeout)
+        return describe_base(_Answered(self.engine.keys, reply), Keys.described(key))
+
+    def force_release_call(self, group: str, name: str, kind: str) -> tuple[str, str]:
+        """(script, key) of :meth:`RedisEngine.force_release` (an operator's, run by the world)."""
+        return "force_release", self.x_key(group, name, PERMIT if kind == SEMAPHORE else WRITE)
+
+
+class _Answered:
+    """The engine parts :func:`describe_base` reads: the keys, and the script's answer."""
+
+    def __init__(self, keys: Any, reply: Any) -> None:
+        self.keys = keys
+        self.reply = reply
+
+    def _run(self, name: str, key: str, args: list[Any]) -> Any:
+        return self.reply
+
 
 class LocalProtocol:
     """The local engine's calls as operations: its acquisition steps wait on a Mailbox,
@@ -281,6 +305,10 @@ class LocalProtocol:
 
     def adopt(self, group: str, name: str, mode: str, old: str, new: str, token: int) -> Ops:
         return self.engine.adopt(group, name, mode, old, new, token)
+        yield
+
+    def describe(self, group: str, name: str, kind: str) -> Ops:
+        return self.engine.describe_lock(group, name, kind)
         yield
 
 

@@ -70,6 +70,8 @@ class HoldRecord:
     tries: list[Try] = field(default_factory=list)
     #: Each time its owner asked whether it still holds it (``lock.lost``): (time, held).
     reads: list[tuple[float, bool]] = field(default_factory=list)
+    #: Its owner's ``describe_lock`` calls while it held it: (sent, answered, owners, mode, token).
+    described: list[tuple[float, float, tuple[str, ...], str | None, int | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -83,6 +85,7 @@ class History:
     errors: list[str] = field(default_factory=list)                          # client errors
     end: float = 0.0
     permits: dict[str, int] = field(default_factory=dict)                   # semaphore name -> permits
+    forced: list[tuple[float, tuple[str, str]]] = field(default_factory=list)   # force-released: when, lock
     #: Adoptions whose answer never came (owner, lock, token, the ticket's hold record id)
     adopt_attempts: list[tuple[str, tuple[str, str], int, int]] = field(default_factory=list)
 

@@ -223,8 +223,28 @@ class Programs:
         before every step whether it is still held: each answer is recorded (the checker
         holds every "held" to the server's lease)."""
         end = proc.clock() + seconds
+        record = self.holds.get(id(hold))
+        # Some holders look themselves up with describe_lock on the way (own generator: the
+        # schedule's other draws stay as they were).
+        look = random.Random(f"describe:{self.config.seed}:{record.id if record else 0}")
+        describe_at = proc.clock() + look.uniform(0, seconds) if look.random() < 0.3 else None
         while proc.clock() < end and self._still_held(proc, hold):
+            if describe_at is not None and proc.clock() >= describe_at:
+                describe_at = None
+                yield from self._describe(proc, hold)
+                continue
             yield Pause(min(0.1, max(0.0, end - proc.clock())) + 1e-6)
+
+    def _describe(self, proc: _Proc, hold: Any) -> Generator[Any, Any, None]:
+        sent = self.now / US
+        try:
+            info = yield from proc.process.protocol.describe(GROUP, hold.name, hold.kind)
+        except EngineUnavailable:
+            return
+        record = self.holds.get(id(hold))
+        if record is not None:
+            record.described.append((sent, self.now / US, info.owners if info else (), info.mode if info else None,
+                                     info.token if info else None))
 
     def _still_held(self, proc: _Proc, hold: Any) -> bool:
         held = not proc.process.lost(hold)

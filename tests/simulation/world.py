@@ -41,7 +41,7 @@ from tests.simulation.client import (
 from tests.simulation.history import Acquisition, History, HoldRecord, Try
 from tests.simulation.lua import ScriptError, ScriptHost, fmt_args
 from tests.simulation.model import Keyspace
-from tests.simulation.programs import LOCK, SEMAPHORE, US, Programs
+from tests.simulation.programs import GROUP, LOCK, SEMAPHORE, US, Programs
 from ylock.errors import EngineUnavailable, LockError
 
 
@@ -69,6 +69,7 @@ class Config:
     skew: float = 0.0          # a promoted replica's clock, within this many seconds of the master's
     failover_time: float = 1.5
     horizon: float = 90.0      # world seconds; a schedule still running then is stuck
+    force_releases: int = 0    # an operator force-releases lock "a" (or the semaphore)
     exact: bool = True         # a simulated schedule (False: real processes, see tests.simulation.processes)
 
     @classmethod
@@ -90,6 +91,7 @@ class Config:
             jumps=rng.choice((0, 0, 1)) if redis else 0,
             failovers=(1 if rng.random() < 0.15 else 0) if redis else 0,
             skew=rng.choice((0.0, 0.05, 0.5)), failover_time=rng.choice((1.0, 2.0)),
+            force_releases=1 if rng.random() < 0.1 else 0,
         )
 
 
@@ -452,6 +454,32 @@ class World(Programs):
             self.at(int(self.rng.uniform(0.5, span) * US), self._jump, jump)
         for _ in range(c.failovers):
             self.at(int(self.rng.uniform(1.0, span) * US), self._failover)
+        for _ in range(c.force_releases):
+            lock = (SEMAPHORE, "s") if c.semaphore and self.rng.random() < 0.3 else (LOCK, "a")
+            self.at(int(self.rng.uniform(0.5, span) * US), self._force_release, lock)
+
+    def _force_release(self, lock: tuple[str, str]) -> None:
+        """An operator's ``force_release`` (``ylock release``), on the server itself."""
+        kind, name = lock
+        self.note(f"NEMESIS force-release {name}")
+        self.history.forced.append((self.now / US, lock))
+        if self.config.engine == "local":
+            CLOCK.set(self.now / US + self.procs[0].offset)
+            try:
+                self.protocol.engine.force_release(GROUP, name, kind)
+            finally:
+                CLOCK.set(None)
+            self._after_step(self.procs[0])
+            return
+        server = self.server
+        if not server.up:
+            return
+        assert server.host is not None
+        script, key = self.protocol.force_release_call(GROUP, name, kind)
+        server.host.run(script, server.keyspace, self.now + server.offset, [key.encode()], [])
+        if self.config.failovers:
+            server.stream.append((0, server.keyspace.copy()))
+        self._serve_blocked()
 
     def _pause(self, index: int, seconds: float) -> None:
         proc = self.procs[index]
