@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tests.simulation.history import History, HoldRecord, Try
+from tests.simulation.history import Acquisition, History, HoldRecord, Try
 from tests.simulation.world import Config
 from ylock.engines.redis.steps import PROMPT
 
@@ -202,8 +202,9 @@ def check(config: Config, history: History) -> list[str]:
     for a in history.acquisitions:
         if len(a.told) > 1:
             problems.append(f"queued: {a.proc}'s acquisition {a.id} was told it waits {len(a.told)} times")
-    if exact(config):
+    if config.exact and not (config.jumps or config.failovers):
         problems += _fairness(config, history)
+    if exact(config):
         problems += _liveness(config, history, by_lock)
     return problems
 
@@ -309,8 +310,15 @@ def _tokens(history: History, lock: tuple[str, str], holds: list[HoldRecord],
 
 
 def _fairness(config: Config, history: History) -> list[str]:
+    """On a fair lock (or semaphore) no acquisition granted by its own try overtakes a fair
+    waiter in a conflicting mode that queued before it began and was waiting throughout: its
+    answered tries, every one queued (status 0), follow each other closely enough that a
+    grant made to it meanwhile would have been found by the next (a try finds its owner's
+    grant and answers it as held), up to one sent after the overtaking grant."""
     out = []
     wl = max(1.0, 3 * config.poll_max)
+    first = min(config.lease, wl)
+    close = first - config.socket_timeout       # a try runs within its socket timeout of its send
     fair_locks = {("lock", name) for name, fair in zip(config.locks, config.fair) if fair}
     for b in history.acquisitions:
         if not b.fair or b.token is None or b.done is None or not b.tries:
@@ -320,35 +328,64 @@ def _fairness(config: Config, history: History) -> list[str]:
         last = b.tries[-1]
         if last.status != 1 or last.done != b.done:
             continue              # granted by another's call (a handoff), not by its own try
-        if any(a.owner == b.owner and a.lock == b.lock and a.outcome in ("unavailable", "lost", "timeout")
-               and a.invoked < b.invoked and (a.done or 0.0) + config.lease + wl >= last.sent
-               for a in history.acquisitions):
-            continue              # it may have been granted an earlier request it gave up on
+        # A request of its owner's that it gave up on may have been granted in its turn
+        # meanwhile (while its queue entry lived: a waiter lease from its last try at most),
+        # the grant living its first lease unrenewed: this request may find it and take it
+        # (fair to whoever queued after that earlier request, not before it). Keeping the
+        # earlier request's place in the queue after that is not (a new request starts at
+        # the back).
+        abandoned = [a for a in history.acquisitions + history.downgrades
+                     if a.owner == b.owner and a.lock == b.lock and a.outcome in ("unavailable", "lost", "timeout")
+                     and a.invoked < b.invoked and a.tries
+                     and max(t.sent for t in a.tries) + config.socket_timeout + wl + first >= last.sent]
         if any(h.owner == b.owner and h.lock == b.lock and h.released is not True and h.start < last.sent
-               and (h.end or history.end) + config.lease + wl >= last.sent for h in history.holds):
+               and lease_ceiling(history, h) >= last.sent for h in history.holds):
             continue              # a hold of its own that it could not give back may still be there
         for w in history.acquisitions:
             if w is b or not w.fair or w.lock != b.lock or w.owner == b.owner:
                 continue
             if b.lock[0] == "lock" and not _conflict(w.mode, b.mode):
                 continue
-            queued = [t for t in w.tries if t.status == 0 and t.done is not None and t.flags[1] == "1"]
-            if not queued or queued[0].done is None or queued[0].done >= b.tries[0].sent:
-                continue          # not queued before b began
-            if w.done is not None and w.done <= last.done:
-                continue          # it was done (granted, timed out) by then
-            if w.deadline is not None and w.deadline <= last.done + config.socket_timeout:
+            waited = _waiting(w, close, b.tries[0].sent, last.done)
+            if waited is None:
                 continue
-            alive = [t for t in w.tries if t.status is not None and t.flags[1] == "1" and t.sent <= last.sent
-                     and t.sent + wl >= last.done]
-            if not alive or history.paused(w.proc, alive[-1].sent, last.done):
-                continue
-            if any(f <= last.done + wl and e >= alive[-1].sent for f, e, _ in history.failovers):
+            since, until = waited
+            if any(since > a.tries[0].sent or a in history.downgrades for a in abandoned):
+                continue          # maybe behind an earlier request of b's owner that was granted
+                                  # (a downgrade's: a writer may always read, queue or not)
+            if any(lock == b.lock and since <= f <= until for f, lock in history.forced):
+                continue          # a force-release emptied the queue: it queued again
+            if history.paused(w.proc, since, until):
                 continue
             out.append(f"fairness: {b.proc} ({b.mode}) was granted {b.lock[1]} at {last.done:.6f} s by its own try "
-                       f"sent at {last.sent:.6f} s, overtaking {w.proc} ({w.mode}), queued since "
-                       f"{queued[0].done:.6f} s and polling (last at {alive[-1].sent:.6f} s)")
+                       f"sent at {last.sent:.6f} s, overtaking {w.proc} ({w.mode}), queued since {since:.6f} s "
+                       f"and waiting until at least {until:.6f} s")
     return out
+
+
+def _waiting(w: Acquisition, close: float, began: float, granted: float) -> tuple[float, float] | None:
+    """(since, until) if ``w`` was queued before ``began`` and surely still waiting (neither
+    granted nor gone from the queue) at ``granted``: its answered tries from one that queued
+    it before ``began`` to one sent after ``granted`` all queued it (status 0, asking to
+    stay) and each was sent within ``close`` of the one before (its queue entry lived, and
+    a grant made meanwhile would have been answered as held); else None."""
+    run: list[Try] = []
+    for t in w.tries:
+        if t.status is None or t.done is None:
+            continue
+        queues = t.status == 0 and t.flags[1] == "1"
+        if not queues or (run and t.sent - run[-1].sent > close):
+            if run and run[-1].sent > granted:
+                break
+            run = []
+            if not queues:
+                continue
+        run.append(t)
+        if t.sent > granted:
+            break
+    if not run or run[0].done is None or run[0].done >= began or run[-1].sent <= granted:
+        return None
+    return run[0].done, run[-1].sent
 
 
 def _liveness(config: Config, history: History, by_lock: dict[tuple[str, str], list[HoldRecord]]) -> list[str]:

@@ -85,6 +85,8 @@ class History:
     errors: list[str] = field(default_factory=list)                          # client errors
     end: float = 0.0
     permits: dict[str, int] = field(default_factory=dict)                   # semaphore name -> permits
+    #: A write holder's requests for the read lock too (not first acquisitions: their tries)
+    downgrades: list[Acquisition] = field(default_factory=list)
     forced: list[tuple[float, tuple[str, str]]] = field(default_factory=list)   # force-released: when, lock
     #: Adoptions whose answer never came (owner, lock, token, the ticket's hold record id)
     adopt_attempts: list[tuple[str, tuple[str, str], int, int]] = field(default_factory=list)

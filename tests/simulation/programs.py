@@ -183,10 +183,16 @@ class Programs:
                 # hold's grant floor is the send time of the try that granted it)
                 proc.current = d = Acquisition(0, proc.name, proc.owner, (kind, name), READ, fair, self.now / US,
                                                self.now / US)
+                self.history.downgrades.append(d)
                 try:
                     token = yield from p.downgrade(hold, fair)
-                except (EngineUnavailable, LockError):
-                    token = None
+                except EngineUnavailable:
+                    token, d.outcome = None, "unavailable"
+                except LockError:
+                    token, d.outcome = None, "lost"
+                else:
+                    d.outcome, d.token = "token", token
+                d.done = self.now / US
                 proc.current = None
                 if token is not None:
                     read_hold = _ReadView(hold)
