@@ -253,7 +253,7 @@ class RedisProtocol:
         engine's own :func:`~ylock.engines.redis.inspection.describe_base`."""
         key = self.x_key(group, name, PERMIT if kind == SEMAPHORE else WRITE)
         reply = yield Script("describe", key, (), CLOCK.monotonic() + self.socket_timeout)
-        return describe_base(_Answered(self.engine.keys, reply), Keys.described(key))
+        return describe_base(_Answered(self.engine.keys, reply), Keys.described(key))  # type: ignore[arg-type]
 
     def force_release_call(self, group: str, name: str, kind: str) -> tuple[str, str]:
         """(script, key) of :meth:`RedisEngine.force_release` (an operator's, run by the world)."""
@@ -452,7 +452,7 @@ class Process:
                 overdue = table.overdue(now)
                 earliest = table.earliest_due()
                 if overdue:
-                    batches = {}
+                    batches: dict[Any, Any] | None = {}
                 elif earliest is None or earliest > now:
                     table.wake_at = float("inf") if earliest is None else earliest
                     batches = None

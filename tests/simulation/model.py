@@ -129,7 +129,7 @@ class Keyspace:
     def call(self, name: bytes | str, *args: bytes) -> Any:
         """Run one command; raise CommandError for an error reply."""
         command = (name.decode() if isinstance(name, bytes) else name).upper()
-        handler = _COMMANDS.get(command)
+        handler: Any = _COMMANDS.get(command)
         if handler is None:
             raise CommandError(f"ERR unknown command '{command}'")
         return handler(self, *args)
@@ -345,7 +345,7 @@ class Keyspace:
         value = self._get(key, Zset)
         if value is None:
             value = self.data[key] = Zset()
-        added = sum(value.add(score, member) for score, member in scores)
+        added: int = sum(value.add(score, member) for score, member in scores)
         self.writes += 1
         return added
 
@@ -358,7 +358,7 @@ class Keyspace:
         value = self._get(key, Zset)
         if not value:
             return 0
-        removed = sum(value.remove(member) for member in members)
+        removed: int = sum(value.remove(member) for member in members)
         self._tidy(key, value)
         self.writes += bool(removed)
         return removed

@@ -19,7 +19,7 @@ from ylock.holds import LOCK, PERMIT, READ, SEMAPHORE, WRITE
 if TYPE_CHECKING:
     from tests.simulation.world import Config, _Call, _Proc
 
-__all__ = ["GROUP", "US", "Programs"]
+__all__ = ["GROUP", "LOCK", "SEMAPHORE", "US", "Programs"]
 
 US = 1_000_000
 GROUP = "sim"

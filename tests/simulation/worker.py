@@ -66,7 +66,7 @@ def wrap(engine: Any, log: Recorder) -> None:
 
     def recorded_renew(items: Any) -> list[bool | None]:
         sent = time.monotonic()
-        results = renew(items)
+        results: list[bool | None] = renew(items)
         done = time.monotonic()
         for item, result in zip(items, results):
             log.write(e="renew", owner=item.owner, name=item.name, mode=item.mode, lease=item.lease, sent=sent,

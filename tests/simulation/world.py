@@ -100,7 +100,7 @@ class _Task:
 
     def __init__(self, proc: _Proc, gen: Generator[Any, Any, Any], name: str) -> None:
         self.proc = proc
-        self.gen = gen
+        self.gen: Generator[Any, Any, Any] | None = gen
         self.name = name
         self.waiting: Any = None        # the operation it waits on
         self.sleep_until: float | None = None
@@ -382,9 +382,9 @@ class World(Programs):
             return
         if isinstance(op, RenewBatch):
             replies = []
-            for key, args in op.calls:
+            for renew_key, args in op.calls:
                 try:
-                    replies.append(self._run_script("renew", key, args, call))
+                    replies.append(self._run_script("renew", renew_key, args, call))
                 except ScriptError as exc:
                     replies.append(exc)
             self._answer(call, replies)
