@@ -84,7 +84,7 @@ class Config:
             semaphore=rng.random() < 0.3, permits=rng.randint(1, 3),
             lease=rng.choice((1.5, 3.0, 6.0)), socket_timeout=rng.choice((0.2, 0.5)),
             poll_max=rng.choice((0.1, 0.3, 0.5)),
-            p_drop=rng.choice((0.0, 0.02, 0.08)) if redis else 0.0,
+            p_drop=rng.choice((0.0, 0.02, 0.08, 0.2)) if redis else 0.0,
             p_late=rng.choice((0.0, 0.05, 0.15)) if redis else 0.0,
             # (a thread of the local engine's one process neither dies nor stops alone)
             pauses=rng.choice((0, 0, 1, 2)) if redis else 0, crashes=rng.choice((0, 0, 1)) if redis else 0,

@@ -8,6 +8,9 @@ local old, new, mode, tok = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if mode == 'write' then
   if redis.call('GET', K.x) ~= old .. '|' .. tok then return 0 end
   redis.call('SET', K.x, new .. '|' .. tok, 'KEEPTTL')
+  -- A read the old owner holds too is one it does not know of (a downgrade whose answer never
+  -- came: detach refuses a hold in both modes): it goes, or it would read beside the new writer.
+  if redis.call('ZREM', K.s, old) == 1 then redis.call('HDEL', K.t, old) end
   if redis.call('EXISTS', base .. ':h:' .. old) == 1 then
     redis.call('RENAME', base .. ':h:' .. old, base .. ':h:' .. new)
   end
