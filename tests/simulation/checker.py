@@ -288,12 +288,17 @@ def _tokens(history: History, lock: tuple[str, str], holds: list[HoldRecord],
             ids: dict[int, HoldRecord]) -> list[str]:
     out = []
     seen: dict[int, tuple[int, str]] = {}
+    same: dict[int, int] = {}         # a chain that continues another (the same owner's token again)
     for h in holds:
         chain = _chain(ids, h)
+        chain = same.get(chain, chain)
         first, owner = seen.setdefault(h.token, (chain, h.owner))
         # (an owner may get its own token again: a downgrade or a request whose answer it
-        # never heard left it holding on the server, and its next request finds that hold)
-        if first != chain and owner != h.owner:
+        # never heard left it holding on the server, and its next request finds that hold;
+        # what that hold becomes later, a ticket say, continues the first)
+        if first != chain and owner == h.owner:
+            same[chain] = first
+        elif first != chain:
             out.append(f"tokens: token {h.token} of {lock[1]} given twice (hold {first} and {h.proc}'s hold "
                        f"at {h.start:.6f} s)")
     acquired = sorted((a for a in history.acquisitions

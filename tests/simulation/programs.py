@@ -277,11 +277,17 @@ class Programs:
         lock = (ticket.kind, ticket.name)
         renewals: list[Any] = []
         proc.adopting = ((proc.owner, lock, ticket.mode), renewals)
+        sent = self.now / US
         try:
             hold = yield from proc.process.adopt(ticket, proc.owner)
         except EngineUnavailable:
-            # Its script may have run: a hold of this owner with the ticket's token continues it.
+            # Its script may have run: a hold of this owner with the ticket's token continues it,
+            # and the ticket's hold may be this owner's from then on (a new request of its own
+            # may find it and give it a new, shorter first lease).
             self.history.adopt_attempts.append((proc.owner, lock, ticket.token, parent))
+            ticket_record = self.history.hold(parent)
+            if ticket_record.end is None:
+                ticket_record.end, ticket_record.why = sent, "adopted"
             return
         finally:
             proc.adopting = None
