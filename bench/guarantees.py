@@ -12,8 +12,10 @@ in the results). Sections:
   floor (a ticket lock, :func:`bench.peers.ticket_lock`), a GET+SET counter inside, in
   rounds of floor, ylock, ylock, floor (one contended run each); plus a control with no
   lock, which must lose updates;
-- ``tokens``: tokens as max(fence + 1, server TIME µs) against a copy of the scripts with
-  the previous INCRBY tokens (patched in this process's script sources, not in ylock);
+- (``tokens``, which timed tokens as max(fence + 1, server TIME µs) against the previous
+  INCRBY tokens on a fence key of their own, is gone: the fence lives in the lock's own x key
+  since the index and Cluster migration work, so a rising token costs no command of its own:
+  the fast path reads x anyway; the older scheme had no key to patch any more);
 - ``wait_replicas``: ``wait_replicas=1`` against 0 on Sentinel and on Cluster, one replica each;
 - ``zk_suspended``: ZooKeeper ``suspended=guard`` (the default) against ``suspended=wait``,
   the pair and a hold of some seconds (requests per second at the server, ``srvr``);
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import statistics
 import subprocess
 import tempfile
@@ -59,26 +60,11 @@ from bench.contended import contended_run, zk_received
 from ylock.testing.redis import RedisCluster, RedisSentinel, RedisServer, make_tls_files
 from ylock.testing.zookeeper import ZooKeeperServer
 
-SECTIONS = "ratios,floor,tokens,wait_replicas,zk_suspended,acl,tls"
+SECTIONS = "ratios,floor,wait_replicas,zk_suspended,acl,tls"
 
 #: Rounds of floor, ylock, ylock, floor in ``floor`` (a contended run takes a few seconds,
 #: most of them starting its processes).
 FLOOR_ROUNDS = 10
-
-#: The previous token scheme (main before tokens rose across failover): INCRBY on the fence
-#: key, seeded once from the server clock.
-INCR_TOKENS = """local function next_token(count)
-  count = count or 1
-  local last = redis.call('INCRBY', K.f, count)
-  if last == count then
-    local t = redis.call('TIME')
-    last = tonumber(t[1]) * 1000000 + tonumber(t[2]) + count - 1
-    redis.call('SET', K.f, fmt(last), 'PX', RETENTION)
-  end
-  return last - count + 1
-end
-"""
-
 
 def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
@@ -257,29 +243,6 @@ class Guarantees:
         control = contended_run("no lock (control)", self.redis.url, self.zk.hosts, procs, self.duration, self.client)
         rows["no lock (control)"] = {"acq_per_s": control["acq_per_s"], "lost_updates": control["lost_updates"]}
         self.results["floor"] = {"processes": procs, "rounds": rounds, "rows": rows, "ylock / floor": got}
-
-    # -- 3a. tokens ---------------------------------------------------------------------------
-
-    def tokens(self) -> None:
-        from ylock.engines.redis import scripts
-
-        n = uuid.uuid4().hex[:8]
-        saved = dict(scripts.SOURCES)
-        pattern = re.compile(r"^local function next_token\(count\)\n.*?^end\n", re.S | re.M)
-        patched = {name: pattern.sub(lambda _: INCR_TOKENS, src, count=1) for name, src in saved.items()}
-        if patched["acquire"] == saved["acquire"]:
-            raise RuntimeError("bench.guarantees tokens: next_token() not found in the acquire script's source")
-        try:
-            scripts.SOURCES.update(patched)
-            incr = peers.ylock_engine(self.redis.url, prefix="incrtok")
-        finally:
-            scripts.SOURCES.update(saved)
-        default = peers.ylock_engine(self.redis.url)
-        self.results["tokens"] = {"rising tokens (max(fence+1, TIME µs)) / INCRBY tokens": self._ratio(
-            pair_op(peers.ylock_pair(incr, f"t{n}")), pair_op(peers.ylock_pair(default, f"t{n}")), self.client, 1,
-            "INCRBY tokens (copy of the scripts)", "default: rising tokens")}
-        incr.close()
-        default.close()
 
     # -- 3b. wait_replicas ------------------------------------------------------------------------
 

@@ -4,7 +4,9 @@ loopback ports. Every ratio compares numbers measured in the same run; each numb
 the median of ``--runs`` runs (5), with min and max. Writes ``results/latest.json``,
 ``results/latest.md`` and ``results/latest.png``. The last section, ``guarantees``, is
 :mod:`bench.guarantees` (issue 29's A, B, B, A ratios with CPU per pair, pinned; the cost
-of each guarantee beside the plain path) on servers of its own.
+of each guarantee beside the plain path) on servers of its own; then ``scale``,
+:mod:`bench.scale` (production scale: Cluster slots moving under held locks, 20,000 holds
+in one process, listing in a crowded Redis, a thousand waiters) on servers of its own.
 """
 from __future__ import annotations
 
@@ -192,6 +194,19 @@ class Bench(TopicBench):
         finally:
             bench.close()
         self.results["guarantees"] = bench.results
+
+    # -- production scale (issue 41) -----------------------------------------------------------------
+
+    def scale(self) -> None:
+        """Every section of :mod:`bench.scale` (its own servers; see there)."""
+        from bench import scale
+
+        bench = scale.Scale(self.quick)
+        for section in scale.SECTIONS.split(","):
+            began = time.perf_counter()
+            getattr(bench, section)()
+            print(f"bench: scale.{section} done in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+        self.results["scale"] = bench.results
 
     # -- readers behind a writer ---------------------------------------------------------------------
 
@@ -390,6 +405,10 @@ def markdown(r: dict[str, Any]) -> str:
 
         lines += ["### Ratios the issue-29 way, and the cost of the guarantees (`python -m bench.guarantees`)", "",
                   guarantees.markdown(r["guarantees"])]
+    if "scale" in r:
+        from bench import scale
+
+        lines += ["### Production scale (`python -m bench.scale`)", "", scale.markdown(r["scale"])]
     return "\n".join(lines)
 
 
@@ -489,7 +508,7 @@ def plot(r: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = bench_parser("bench", __doc__, "latest",
-                          "uncontended,contended,readers,many_holds,metrics_overhead,guarantees")
+                          "uncontended,contended,readers,many_holds,metrics_overhead,guarantees,scale")
     parser.add_argument("--libs", default=None, help="comma-separated libraries for the contended section")
     args = parser.parse_args(argv)
     bench = Bench(args.quick, runs_of(args), args.libs.split(",") if args.libs else None,

@@ -10,6 +10,9 @@ while :class:`LockAdmin` replaces the changelist with a live view of the engines
   shown as down (the error in the page), the others still listed;
 * filters by engine, kind (lock or semaphore) and group (the group is passed to
   ``engine.describe(group)``, so the engine lists that group only);
+* pages of :attr:`LockAdmin.list_per_page` locks per engine (``?p=2``: ``engine.describe(group,
+  limit)`` with the limit of the pages so far, so the first page costs a hundred locks' worth
+  of the engine's time whatever it holds), with how many there are in all;
 * per lock: its holders with what they said they do (``ylock.context``), host, pid and
   for how long, the lease left, the fencing token, the waiters in queue order, and a
   semaphore's permits. A holder on this host whose process is gone is flagged *stale*,
@@ -25,7 +28,6 @@ delete in a database.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -113,10 +115,18 @@ class EngineSection:
     url: str
     rows: list[Row] = field(default_factory=list)
     error: str | None = None           # the engine is down (or misconfigured)
-    truncated: bool = False            # more than LockAdmin.max_rows: filter by group
+    total: int = 0                     # how many the engine holds or queues for (about: see Listing.total)
+    first: int = 0                     # the number of the page's first row (1-based; 0: no rows)
+    previous_url: str | None = None    # the pages before and after this one, if any
+    next_url: str | None = None
 
     def count(self, kind: str) -> int:
         return sum(1 for r in self.rows if r.info.kind == kind)
+
+    @property
+    def last(self) -> int:
+        """The number of the page's last row."""
+        return self.first + len(self.rows) - 1
 
     @property
     def locks(self) -> int:
@@ -178,8 +188,8 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     change_list_template = "django_ylock/admin/locks.html"
     release_confirmation_template = "django_ylock/admin/release_confirmation.html"
-    #: At most this many locks per engine on the page (the page says so; filter by group).
-    max_rows = 500
+    #: Locks per engine and page (``?p=N`` pages on: the Django admin's own name for both).
+    list_per_page = 100
 
     # Nothing to add, change or delete: the rows are the engines', not the database's.
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -235,10 +245,20 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             except ValueError as exc:
                 problems.append(str(exc))
                 group = None
-        sections = [self._section(request, alias, registry.engine, group, kind)
+        try:
+            page = max(1, int(request.GET.get("p") or 1))
+        except ValueError:
+            problems.append(f"There is no page {request.GET.get('p')!r}: pages are numbered from 1.")
+            page = 1
+        sections = [self._section(request, alias, registry.engine, group, kind, page)
                     for alias in aliases if engine_filter in (None, alias)]
         seen_groups = sorted({r.info.group for s in sections for r in s.rows} | ({group} if group else set()))
         filtered = {"engine": engine_filter, "kind": kind, "group": group}
+        for section in sections:
+            if section.first > self.list_per_page:
+                section.previous_url = _query({**filtered, "p": str(page - 1)})
+            if section.first + len(section.rows) - 1 < section.total and len(section.rows) == self.list_per_page:
+                section.next_url = _query({**filtered, "p": str(page + 1)})
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -262,23 +282,27 @@ class LockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return TemplateResponse(request, self.change_list_template, context)
 
     def _section(self, request: HttpRequest, alias: str, build: Callable[[str], Engine], group: str | None,
-                 kind: str | None) -> EngineSection:
-        """Return what engine ``alias`` holds (of ``group``, of ``kind``), or why it cannot say."""
+                 kind: str | None, page: int = 1) -> EngineSection:
+        """Return page ``page`` of what engine ``alias`` holds (of ``group``, of ``kind``), and
+        how many there are, or why it cannot say."""
         try:
             engine = build(alias)
         except LockError as exc:
             return EngineSection(alias, "", error=_one_line(exc))
         section = EngineSection(alias, engine.url_for_display())
+        per_page = self.list_per_page
         try:
-            found = list(itertools.islice((i for i in engine.describe(group) if kind in (None, i.kind)),
-                                          self.max_rows + 1))
+            listing = engine.describe(group, page * per_page)
         except LockError as exc:
             section.error = _one_line(exc)
             return section
-        section.truncated = len(found) > self.max_rows
+        found = [i for i in listing if kind in (None, i.kind)]
+        # A kind filtered out of a full listing is counted out; of a page, the total is the engine's.
+        section.total = len(found) if len(listing) == listing.total else listing.total
+        shown = found[(page - 1) * per_page:page * per_page]
+        section.first = (page - 1) * per_page + 1 if shown else 0
         filters = request.GET.urlencode()
-        section.rows = [self._row(alias, info, filters)
-                        for info in sorted(found[:self.max_rows], key=lambda i: (i.group, i.name, i.kind))]
+        section.rows = [self._row(alias, info, filters) for info in shown]
         return section
 
     def _row(self, alias: str, info: LockInfo, filters: str = "") -> Row:

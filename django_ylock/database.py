@@ -26,50 +26,37 @@ there, is taken as a sign of it by :meth:`DjangoDatabaseEngine.detect_pooler`).
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
 
 from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
+from django_ylock.databases import POSTGRES_BACKENDS, FromAlias, database_settings
 from ylock import options as opt
-from ylock.engines.base import split_url_options
 from ylock.engines.postgres import PostgresEngine
 from ylock.errors import ConfigurationError
-
-_BACKENDS = ("django.db.backends.postgresql", "django.contrib.gis.db.backends.postgis")
 
 
 def database_conninfo(alias: str) -> str:
     """The libpq connection string of ``DATABASES[alias]`` (no connection is made); raise
     ConfigurationError if there is no such alias or it is not PostgreSQL."""
-    from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
     from django.db import connections
 
-    where = f"django://{alias}"
-    try:
-        databases = settings.DATABASES
-    except ImproperlyConfigured as exc:
-        raise ConfigurationError(f"{where}: Django's settings are not configured ({exc})",
-                                 code=opt.E_ENGINE_URL) from exc
-    if alias not in databases:
-        raise ConfigurationError(f"{where}: settings.DATABASES has no {alias!r}", code=opt.E_ENGINE_URL,
-                                 hint=f"known: {', '.join(sorted(databases)) or 'none'}")
-    backend = databases[alias].get("ENGINE", "")
-    if backend not in _BACKENDS:
-        raise ConfigurationError(f"{where}: DATABASES[{alias!r}] is {backend!r}, not PostgreSQL",
-                                 code=opt.E_ENGINE_URL, hint=f"ENGINE must be one of {', '.join(_BACKENDS)}")
+    backend = database_settings(alias).get("ENGINE", "")
+    if backend not in POSTGRES_BACKENDS:
+        raise ConfigurationError(f"django://{alias}: DATABASES[{alias!r}] is {backend!r}, not PostgreSQL",
+                                 code=opt.E_ENGINE_URL, hint=f"ENGINE must be one of {', '.join(POSTGRES_BACKENDS)}")
     try:
         params = connections[alias].get_connection_params()
     except (ImproperlyConfigured, ImportError) as exc:
-        raise ConfigurationError(f"{where}: {exc}", code=opt.E_ENGINE_URL) from exc
+        raise ConfigurationError(f"django://{alias}: {exc}", code=opt.E_ENGINE_URL) from exc
     # Django's params also carry psycopg's own (cursor_factory, context, prepare_threshold...):
     # the engine speaks libpq, so it keeps what libpq knows.
     known = {o.keyword.decode() for o in pq.Conninfo.get_defaults()}
     return make_conninfo("", **{k: str(v) for k, v in params.items() if k in known and v is not None})
 
 
-class DjangoDatabaseEngine(PostgresEngine):
+class DjangoDatabaseEngine(FromAlias, PostgresEngine):
     """:class:`~ylock.engines.postgres.PostgresEngine` on a ``DATABASES`` alias (see the
     module docstring)."""
 
@@ -77,19 +64,6 @@ class DjangoDatabaseEngine(PostgresEngine):
         self.alias = alias
         super().__init__(database_conninfo(alias), **options)
         self._display = f"django://{alias} ({self._display})"
-
-    @classmethod
-    def from_url(cls, url: str, **options: Any) -> DjangoDatabaseEngine:
-        """``django://ALIAS?options``: options as the PostgreSQL engine's; keyword ``options`` win."""
-        try:
-            parts = urlsplit(url)
-        except ValueError as exc:
-            raise ConfigurationError(f"invalid django:// URL {url!r}: {exc}", code=opt.E_ENGINE_URL) from exc
-        if parts.scheme.lower() != "django" or parts.path not in ("", "/") or "@" in parts.netloc:
-            raise ConfigurationError(f"a Django database engine's URL is django://ALIAS[?options], got {url!r}",
-                                     code=opt.E_ENGINE_URL)
-        _, ours, rest = split_url_options(url, cls.url_options)
-        return cls(parts.netloc or "default", **{**rest, **ours, **options})
 
     def detect_pooler(self) -> str | None:
         """:meth:`PostgresEngine.detect_pooler`, and one more sign: the alias sets

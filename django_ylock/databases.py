@@ -13,11 +13,12 @@ The query string takes that engine's options, which win over the alias's.
 """
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from ylock import options as opt
-from ylock.engines.base import Engine
+from ylock.engines.base import Engine, split_url_options
 from ylock.errors import ConfigurationError
 
 POSTGRES_BACKENDS = ("django.db.backends.postgresql", "django.contrib.gis.db.backends.postgis")
@@ -51,6 +52,19 @@ def database_settings(alias: str) -> dict[str, Any]:
         raise ConfigurationError(f"{where}: settings.DATABASES has no {alias!r}", code=opt.E_ENGINE_URL,
                                  hint=f"known: {', '.join(sorted(databases)) or 'none'}")
     return dict(databases[alias])
+
+
+class FromAlias:
+    """What the engines on a ``DATABASES`` alias share: built from ``django://ALIAS?options``
+    (the options are the engine's own; keyword ``options`` win) by ``cls(alias, **options)``."""
+
+    url_options: ClassVar[dict[str, Callable[[str], Any]]]
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> Any:
+        alias = alias_of(url)
+        _, ours, rest = split_url_options(url, cls.url_options)
+        return cls(alias, **{**rest, **ours, **options})  # type: ignore[call-arg]
 
 
 class DjangoEngines:

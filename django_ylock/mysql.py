@@ -18,8 +18,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from django_ylock.databases import alias_of, database_settings
-from ylock.engines.base import split_url_options
+from django_ylock.databases import FromAlias, database_settings
 from ylock.engines.mysql import MySQLEngine
 
 
@@ -44,7 +43,7 @@ def database_url(alias: str) -> tuple[str, dict[str, Any]]:
     return f"mysql://{auth}{host}:{port}/{quote(str(db.get('NAME') or ''), safe='')}", driver
 
 
-class DjangoMySQLEngine(MySQLEngine):
+class DjangoMySQLEngine(FromAlias, MySQLEngine):
     """:class:`~ylock.engines.mysql.MySQLEngine` on a ``DATABASES`` alias (see the module docstring)."""
 
     def __init__(self, alias: str = "default", **options: Any) -> None:
@@ -52,10 +51,3 @@ class DjangoMySQLEngine(MySQLEngine):
         url, driver = database_url(alias)
         super().__init__(url, **{**driver, **options})
         self.url = f"django://{alias} ({self.target.display()})"
-
-    @classmethod
-    def from_url(cls, url: str, **options: Any) -> DjangoMySQLEngine:
-        """``django://ALIAS?options``: options as the MySQL engine's; keyword ``options`` win."""
-        alias = alias_of(url)
-        _, ours, rest = split_url_options(url, cls.url_options)
-        return cls(alias, **{**rest, **ours, **options})

@@ -1,7 +1,7 @@
 """``flask ylock``: list held locks and waiters, inspect or force-release one, show the
 deployment's stats, run a command while holding a named lock.
 
-    flask ylock list [--group G] [--engine ALIAS] [--json]
+    flask ylock list [--group G] [--limit N] [--engine ALIAS] [--json]
     flask ylock inspect GROUP NAME [--engine ALIAS] [--json]
     flask ylock release GROUP NAME [--engine ALIAS] [--yes]
     flask ylock stats [--engine ALIAS] [--json]
@@ -63,6 +63,8 @@ engine_one = click.option("--engine", default=None, metavar="ALIAS", help="Engin
 
 @ylock_cli.command("list")
 @click.option("--group", default=None, help="Only this lock group.")
+@click.option("--limit", type=int, default=None, metavar="N",
+              help="At most N locks per engine, the first by group and name (and how many there are).")
 @engine_every
 @json_option
 def list_command(**options: Any) -> None:

@@ -9,7 +9,7 @@ fencing tokens and metrics, over Redis, ZooKeeper or in-process.
 """
 from ylock import events
 from ylock.engines import engine_from_path, engine_from_url
-from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, LockInfo, RenewItem
+from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, Listing, LockInfo, RenewItem
 from ylock.errors import (
     ConfigurationError,
     EngineUnavailable,
@@ -34,7 +34,7 @@ from ylock.watchdog import WATCHDOG
 
 __all__ = [
     "Lock", "Locks", "Semaphore", "Semaphores", "Guard", "all_of", "Leadership", "Ticket",
-    "Engine", "LockInfo", "AcquireRequest", "RenewItem", "Polling",
+    "Engine", "LockInfo", "Listing", "AcquireRequest", "RenewItem", "Polling",
     "READ", "WRITE", "DEFAULT", "engine_from_url", "engine_from_path", "current_owner", "owner_scope", "run_as",
     "context",
     "events", "WATCHDOG", "HOLDS",

@@ -2,7 +2,7 @@
 ``manage.py ylock`` and ``flask ylock`` run too (they only turn their settings into
 engines and named locks), so all three print the same for the same data::
 
-    ylock --url URL list [--group G] [--json]          held locks, their owners and queued waiters
+    ylock --url URL list [--group G] [--limit N] [--json]   held locks, their owners and queued waiters
     ylock --url URL inspect GROUP NAME [--json]        one lock
     ylock --url URL release GROUP NAME [--yes]         force-release (asks first; logged with your name)
     ylock --url URL stats [--json]                     what is held now, and every process's activity
@@ -39,7 +39,7 @@ from typing import Any, TextIO
 from ylock import options as opt
 from ylock import report
 from ylock.engines import engine_from_url
-from ylock.engines.base import Engine, LockInfo
+from ylock.engines.base import SEMAPHORE, Engine, LockInfo, check_limit
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
 from ylock.leader import EXIT_BUSY, EXIT_CANNOT_RUN, EXIT_LOST, EXIT_NOT_FOUND, GRACE, run_command
 from ylock.lock import Lock
@@ -132,18 +132,28 @@ def _lock_name(group: str, name: str) -> None:
 # -- the verbs ---------------------------------------------------------------------------------------
 
 def list_locks(console: Console, targets: Sequence[Target], *, group: str | None = None,
-               as_json: bool = False) -> int:
-    """Print the held locks and their waiters (a table, or JSON)."""
-    if group is not None:
-        try:
+               as_json: bool = False, limit: int | None = None) -> int:
+    """Print the held locks and their waiters (a table, or JSON): with ``limit``, the first
+    ``limit`` of each engine (by group and name), and under the table how many there are."""
+    try:
+        if group is not None:
             check_group(group)
-        except ValueError as exc:
-            raise CommandFailed(str(exc), EXIT_USAGE) from exc
+        check_limit(limit)
+    except ValueError as exc:
+        raise CommandFailed(str(exc).replace("describe() limit", "--limit"), EXIT_USAGE) from exc
     found: list[tuple[str, LockInfo]] = []
+    more = []
     for alias, engine in targets:
         with reaching(alias, engine):
-            found.extend((alias, i) for i in sorted(engine.describe(group), key=lambda i: (i.group, i.name)))
+            listing = engine.describe(group, limit)
+        found.extend((alias, i) for i in listing)
+        total = getattr(listing, "total", len(listing))
+        if total > len(listing):
+            more.append(f"{alias}: the first {len(listing)} of about {total} shown (--limit {limit})")
     console.print(report.to_json(found) if as_json else report.table(found))
+    if not as_json:
+        for line in more:
+            console.print(line)
     return EXIT_OK
 
 
@@ -151,8 +161,8 @@ def inspect_lock(console: Console, target: Target, group: str, name: str, *, as_
     """Print one lock: mode, owners, lease left, token, waiters in order."""
     _lock_name(group, name)
     alias, engine = target
-    with reaching(alias, engine):
-        info = report.find(engine.describe(group), name)
+    with reaching(alias, engine):       # one lock, not the group listed: a lock, else a semaphore of that name
+        info = engine.describe_lock(group, name) or engine.describe_lock(group, name, SEMAPHORE)
     console.print(report.to_json_one(alias, info) if as_json else report.detail(alias, info, group, name))
     return EXIT_OK
 
@@ -270,7 +280,8 @@ def execute(action: str, options: Mapping[str, Any], console: Console, *,
     engine and lock of ``run``. What every command line calls."""
     alias = options.get("engine")
     if action == "list":
-        return list_locks(console, targets(alias), group=options.get("group"), as_json=options.get("as_json", False))
+        return list_locks(console, targets(alias), group=options.get("group"), as_json=options.get("as_json", False),
+                          limit=options.get("limit"))
     if action == "inspect":
         [target] = targets(alias or DEFAULT_ALIAS)
         return inspect_lock(console, target, options["group"], options["name"], as_json=options.get("as_json", False))
@@ -320,6 +331,8 @@ def add_verbs(subparsers: Any, *, engines: bool, named: bool) -> None:
 
     listing = subparsers.add_parser("list", help="held locks, their owners and queued waiters")
     listing.add_argument("--group", help="only this lock group")
+    listing.add_argument("--limit", type=int, metavar="N",
+                         help="at most N locks per engine, the first by group and name (and how many there are)")
     engine_option(listing, True)
     json_option(listing)
     for verb, text in (("inspect", "one lock: mode, owners, lease left, fencing token, waiters"),

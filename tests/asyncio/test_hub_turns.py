@@ -1,7 +1,7 @@
 """The asyncio notify hub (``ylock.engines.redis.hubs.NotifyHub``) while the tasks of one
-loop take turns on a fair lock: a task's key stays watched for a while after it stopped
-waiting, so a task that waits again needs no wake-up and the hub no second ``BLPOP``. The
-turns stay fair and exclusive."""
+loop take turns on a fair lock: the grants come to the hub's own list, so a task that waits
+again needs no wake-up, and the hub blocks on one key however many tasks wait. The turns
+stay fair and exclusive."""
 from __future__ import annotations
 
 import asyncio
@@ -65,10 +65,11 @@ def test_a_value_popped_between_two_waits_of_a_task_makes_its_next_wait_a_wake_u
     async def main(server: RedisServer) -> tuple[object, object, float]:
         pool = redis.asyncio.ConnectionPool.from_url(server.url)
         calls = AsyncDirectCalls(pool)
-        hub = NotifyHub(pool, calls, "ylock-test-hub-wake")
+        hub = NotifyHub(pool, calls, "ylock:hub:test")
         other = asyncio.create_task(hub.wait("ylock-test-a", 30))    # keeps the hub blocking
         first = await hub.wait("ylock-test-b", 0.2)                   # nothing yet: times out
-        await calls("LPUSH", "ylock-test-b", "granted", end=time.monotonic() + 2)   # b's key still watched: popped
+        # a grant for b, pushed as a release pushes it (to the hub's list), between b's waits: popped
+        await calls("RPUSH", "ylock:hub:test", "ylock-test-b|granted", end=time.monotonic() + 2)
         for _ in range(500):
             if "ylock-test-b" in hub._early:
                 break

@@ -224,9 +224,11 @@ def test_a_release_by_a_former_owner_leaves_the_new_owner_alone(engine, group, m
     engine answers False and the lock's new owner keeps it (a release script that deleted
     whatever holds the lock would pass every test that only looks at the releaser)."""
     from ylock.engines.base import AcquireRequest, RenewItem
-    from ylock.waiting import DEFAULT_POLLING
 
-    first = AcquireRequest(group, "n", "former-owner", mode, True, 30.0, time.monotonic() + 5, DEFAULT_POLLING)
+    # No watchdog renews these raw grants: a waiter lease of 6 s (3 x the longest poll) keeps
+    # the new owner's first lease from running out on a loaded machine before it is checked.
+    first = AcquireRequest(group, "n", "former-owner", mode, True, 30.0, time.monotonic() + 5,
+                           ylock.Polling(maximum=2.0))
     token = engine.acquire(first)
     assert isinstance(token, int)
     assert engine.force_release(group, "n") is True

@@ -156,6 +156,6 @@ def test_flask_settings_mistake_is_a_configuration_error_naming_the_key(tmp_path
     with pytest.raises(ylock.ConfigurationError, match=r"^YLOCK_LOCKS\['accounts'\] has unknown key 'TIMOUT'"):
         YLock(app)
     app = Flask("mistake", instance_path=str(tmp_path / "instance"))
-    app.config["YLOCK_URL"] = "mysql://db/0"
-    with pytest.raises(ylock.ConfigurationError, match=r"^YLOCK_URL: unknown engine URL scheme 'mysql'"):
+    app.config["YLOCK_URL"] = "mongodb://db/0"
+    with pytest.raises(ylock.ConfigurationError, match=r"^YLOCK_URL: unknown engine URL scheme 'mongodb'"):
         YLock(app)

@@ -440,3 +440,30 @@ def test_a_holder_is_stale_when_its_pid_is_gone_or_reused(settings: object) -> N
         child.kill()
         child.wait()
     assert process_gone(child.pid, since=time.time())
+
+
+def test_the_locks_page_pages_what_an_engine_holds_and_says_how_many(admin_site: object, engine: ylock.Engine,
+                                                                      group: str, django_user_model: type) -> None:
+    """A hundred locks per page, the first of an engine's listing (``describe(group, limit)``),
+    the total beside them, and links to the pages before and after (issue 41)."""
+    user = django_user_model.objects.create_superuser("pager", password=PASSWORD)  # type: ignore[attr-defined]
+    locks = ylock.Locks(engine, group)
+    names = [f"n{i:03d}" for i in range(130)]
+    for name in names:
+        locks.lock(name)
+    try:
+        client = Client()
+        client.force_login(user)
+        first = client.get(f"/admin/django_ylock/lock/?engine=default&group={group}").content.decode()
+        assert first.count('class="ylock-row') == 100
+        assert "130 held or waited for" in first and "1&ndash;100 of 130" in first
+        assert 'class="ylock-next"' in first and 'class="ylock-previous"' not in first
+        assert 'data-name="n000"' in first and 'data-name="n100"' not in first     # the first hundred, in order
+        second = client.get(f"/admin/django_ylock/lock/?engine=default&group={group}&p=2").content.decode()
+        assert second.count('class="ylock-row') == 30 and "101&ndash;130 of 130" in second
+        assert 'data-name="n129"' in second and 'data-name="n099"' not in second
+        assert 'class="ylock-previous"' in second and 'class="ylock-next"' not in second
+        assert "There is no page" in client.get("/admin/django_ylock/lock/?p=x").content.decode()
+    finally:
+        for name in names:
+            locks.unlock(name)

@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import ylock
@@ -184,6 +185,23 @@ def owners(engine: ylock.Engine, group: str, name: str, patience: float = 15.0) 
 def server_has(engine: ylock.Engine, group: str, name: str) -> Callable[[str], bool]:
     """A ``confirm`` for :func:`take`: whether the server has ``owner`` as the only holder."""
     return lambda owner: owners(engine, group, name)[0] == (owner,)
+
+
+# -- processes racing for one counter --------------------------------------------------------------
+
+
+def run_counter(url: str, group: str, path: str, processes: int, iterations: int, use_lock: bool) -> list[int]:
+    """Have ``processes`` spawned processes, started at once, each increment the unfenced
+    counter at ``path`` ``iterations`` times, inside ``group``'s write lock on ``url`` or not;
+    return the tokens of the holds."""
+    from tests.postgres import workers as counter_workers
+
+    spawn = multiprocessing.get_context("spawn")
+    with spawn.Manager() as manager, ProcessPoolExecutor(processes, mp_context=spawn) as pool:
+        start = manager.Barrier(processes)
+        futures = [pool.submit(counter_workers.counter, url, group, path, iterations, use_lock, start)
+                   for _ in range(processes)]
+        return [t for f in futures for t in f.result(timeout=120)]
 
 
 # -- a holder process that dies or freezes inside the lock ---------------------------------------

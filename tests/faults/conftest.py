@@ -13,6 +13,7 @@ import pytest
 import ylock
 from tests.faults import Journal
 from tests.faults.workers import Checkers
+from ylock.testing.mariadb import MariaDBServer
 from ylock.testing.proxy import TcpProxy
 from ylock.testing.redis import RedisServer
 from ylock.testing.zookeeper import ZooKeeperServer
@@ -79,6 +80,17 @@ def zookeeper() -> Iterator[ZooKeeperServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def own_mariadb() -> Iterator[MariaDBServer]:
+    """A MariaDB of the fault tests' own (they restart and pause it); each test leaves it
+    running and unfrozen."""
+    server = MariaDBServer().start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
 
 
 @pytest.fixture

@@ -123,7 +123,12 @@ def test_holder_cut_off_past_its_session_across_a_restart_is_lost(zookeeper, eng
     h_record = h.outcome(30)
     assert w_record.outcome == "released" and h_record.outcome == "lost", (w_record, h_record)
     taken = w_record.granted - restarted
-    assert 1.0 < taken < 2.0 * 1.5 + 1.0 + SLACK, f"the waiter got the lock {taken:.3f} s after the restart"
+    # The restarted server reloads the holder's session with a fresh 2 s timeout, some time
+    # after its process is launched (restart() returns later still, once it serves: on a busy
+    # machine that was 1.3 s after the reload): not expired before launch + 2 s.
+    kept = w_record.granted - zookeeper.launched
+    assert kept >= 2.0, f"the waiter got the lock {kept:.3f} s after the server was launched again"
+    assert taken < 2.0 * 1.5 + 1.0 + SLACK, f"the waiter got the lock {taken:.3f} s after the restart"
     told = h_record.lost_at - healed
     assert 0 <= told < 4.0, f"the holder was told {told:.3f} s after it could reach the server again"
     assert h_record.rejected >= 1, "the cut-off holder's writes after the new holder's were not rejected"

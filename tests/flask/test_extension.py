@@ -77,8 +77,8 @@ def test_the_embedded_default_lives_in_the_instance_folder(monkeypatch, tmp_path
 
 def test_invalid_configuration_fails_at_init_app(tmp_path) -> None:
     app = Flask("bad", instance_path=str(tmp_path))
-    app.config["YLOCK_URL"] = "mysql://x"
-    with pytest.raises(ylock.ConfigurationError, match="unknown engine URL scheme 'mysql'"):
+    app.config["YLOCK_URL"] = "mongodb://x"
+    with pytest.raises(ylock.ConfigurationError, match="unknown engine URL scheme 'mongodb'"):
         YLock(app)
     app = Flask("bad2", instance_path=str(tmp_path))
     app.config.update(YLOCK_URL="local://", YLOCK_METRICS={"INFLUXDB": {"URL": "nope"}})

@@ -82,7 +82,7 @@ def activity(engine: ylock.Engine, redis_server: RedisServer, group: str) -> Non
     runner.start()
     wait_until(lambda: len(waiters(engine, group, "queue")) == 1, what="the reader queued")
     owner = waiters(engine, group, "queue")[0].split(":", 1)[1]
-    assert redis.Redis.from_url(redis_server.url).delete(f"ylock:{{{group}:queue}}:w:{owner}") == 1
+    assert redis.Redis.from_url(redis_server.url).hdel(f"ylock:{{{group}:queue}}:w", owner) == 1   # as if it died
     writer.unlock()
     go.set()
     runner.outcome()

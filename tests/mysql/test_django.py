@@ -5,16 +5,14 @@ connections (never the request's), ``on_commit``, ``check --deploy`` quiet on a 
 connection and W004 through a proxy, and a fenced update refused to a stale token."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
+from tests.dj import database_project
+from tests.dj.database_project import COUNTER_VIEWS, HAMMER, ROOT
 from ylock.testing.proxy import TcpProxy
-
-ROOT = Path(__file__).resolve().parents[2]
 
 SETTINGS = """
 import pymysql
@@ -31,34 +29,7 @@ YLOCK = {{"ENGINES": {{"default": {{"URL": "django://default"}}}},
          "LOCKS": {{"ledger": {{"GROUP": "{group}", "TIMEOUT": 10}}}}}}
 """
 
-VIEWS = """
-import time
-
-from django.db import connection, transaction
-from django.http import JsonResponse
-from django.urls import path
-
-import django_ylock
-
-
-def bump():
-    with connection.cursor() as cursor:                  # read, pause, write: loses updates unlocked
-        cursor.execute("SELECT v FROM dj_counter")
-        value = cursor.fetchone()[0]
-        time.sleep(0.005)
-        cursor.execute("UPDATE dj_counter SET v = %s", [value + 1])
-
-
-@django_ylock.locked("ledger", key=False)
-def locked_bump(request):
-    bump()
-    return JsonResponse({"ok": True})
-
-
-def unlocked_bump(request):
-    bump()
-    return JsonResponse({"ok": True})
-
+VIEWS = COUNTER_VIEWS + """
 
 @django_ylock.locked("ledger", key=False, on_commit=True)
 def committed(request):
@@ -103,22 +74,7 @@ with connection.cursor() as cursor:
     cursor.execute("CREATE TABLE dj_counter (v int)")
     cursor.execute("INSERT INTO dj_counter VALUES (0)")
 
-
-def hammer(url, n):
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE dj_counter SET v = 0")
-    def work():
-        client = Client()
-        for _ in range(n):
-            assert client.get(url).status_code == 200
-        connections.close_all()
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT v FROM dj_counter")
-        return cursor.fetchone()[0]
-
+""" + HAMMER + """
 
 out["locked"] = hammer("/locked", 10)
 out["unlocked"] = hammer("/unlocked", 10)
@@ -146,18 +102,9 @@ print("RESULT " + json.dumps(out))
 
 
 def run_django(tmp_path: Path, server, group: str, port: int | None = None) -> dict:
-    (tmp_path / "mysettings.py").write_text(SETTINGS.format(
-        port=port or server.port, group=group, database=server.database, user=server.user,
-        password=server.password))
-    (tmp_path / "myviews.py").write_text(textwrap.dedent(VIEWS))
-    (tmp_path / "run.py").write_text(textwrap.dedent(RUN))
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "mysettings",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    proc = subprocess.run([sys.executable, str(tmp_path / "run.py")], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=180)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return json.loads(lines[-1][len("RESULT "):])  # type: ignore[no-any-return]
+    settings = SETTINGS.format(port=port or server.port, group=group, database=server.database, user=server.user,
+                               password=server.password)
+    return database_project.run_django(tmp_path, settings=settings, views=VIEWS, run=RUN, prefix="my", timeout=180)
 
 
 def test_locked_views_and_fenced_writes_with_mariadb_as_database_and_lock_engine(mariadb_server, group, tmp_path):

@@ -4,16 +4,12 @@ exclusion between concurrent requests, the lock on connections of the engine's o
 the request's), ``on_commit`` in both scopes, the system checks, and a bad alias."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.dj import database_project
+from tests.dj.database_project import COUNTER_VIEWS, HAMMER
 
 SETTINGS = """
 SECRET_KEY = "tests-only"
@@ -29,34 +25,7 @@ YLOCK = {{"ENGINES": {{"default": {{"URL": "django://default"}},
                    "xledger": {{"ENGINE": "xact", "GROUP": "{group}x", "TIMEOUT": 10}}}}}}
 """
 
-VIEWS = """
-import time
-
-from django.db import connection, transaction
-from django.http import JsonResponse
-from django.urls import path
-
-import django_ylock
-
-
-def bump():
-    with connection.cursor() as cursor:                  # read, pause, write: loses updates unlocked
-        cursor.execute("SELECT v FROM dj_counter")
-        value = cursor.fetchone()[0]
-        time.sleep(0.005)
-        cursor.execute("UPDATE dj_counter SET v = %s", [value + 1])
-
-
-@django_ylock.locked("ledger", key=False)
-def locked_bump(request):
-    bump()
-    return JsonResponse({"ok": True})
-
-
-def unlocked_bump(request):
-    bump()
-    return JsonResponse({"ok": True})
-
+VIEWS = COUNTER_VIEWS + """
 
 def holders(alias, name):
     engine = django_ylock.engine(alias)
@@ -112,23 +81,7 @@ with connection.cursor() as cursor:
     cursor.execute("DROP TABLE IF EXISTS dj_counter; CREATE TABLE dj_counter (v int); "
                    "INSERT INTO dj_counter VALUES (0)")
 
-
-def hammer(url, n):
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE dj_counter SET v = 0")
-    def work():
-        client = Client()
-        for _ in range(n):
-            assert client.get(url).status_code == 200
-        from django.db import connections
-        connections.close_all()
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT v FROM dj_counter")
-        return cursor.fetchone()[0]
-
+""" + HAMMER + """
 
 out["locked"] = hammer("/locked", 10)
 out["unlocked"] = hammer("/unlocked", 10)
@@ -145,16 +98,8 @@ print("RESULT " + json.dumps(out))
 
 
 def run_django(tmp_path: Path, port: int, group: str, run: str = RUN, settings: str = SETTINGS) -> dict:
-    (tmp_path / "pgsettings.py").write_text(settings.format(port=port, group=group))
-    (tmp_path / "pgviews.py").write_text(textwrap.dedent(VIEWS))
-    (tmp_path / "run.py").write_text(textwrap.dedent(run))
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "pgsettings",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    proc = subprocess.run([sys.executable, str(tmp_path / "run.py")], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=120)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return json.loads(lines[-1][len("RESULT "):])  # type: ignore[no-any-return]
+    return database_project.run_django(tmp_path, settings=settings.format(port=port, group=group), views=VIEWS,
+                                       run=run, prefix="pg", timeout=120)
 
 
 def test_locked_views_on_the_django_database_engine(postgres_server, group, tmp_path):

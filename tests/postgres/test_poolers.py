@@ -16,7 +16,8 @@ import pytest
 
 import ylock
 from tests.conftest import POOLED_ROLE
-from tests.faults.test_postgres import freed_after_sigkill, run_counter, start_holder
+from tests.faults import run_counter
+from tests.faults.test_postgres import freed_after_sigkill, start_holder
 from tests.helpers import wait_until
 from tests.postgres.conftest import STATE, STATE_NAMES, pooled_backends
 from ylock.testing.fencing import UnfencedCounter

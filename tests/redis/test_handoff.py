@@ -62,10 +62,11 @@ def test_a_dead_reader_inside_the_run_is_evicted_with_it(redis_server, redis_eng
     release = threading.Event()
     tokens: list[int] = []
     runners = [_queue(redis_engine, group, "dead", "read", tokens, release) for _ in range(3)]
-    # The middle reader "dies": its liveness key goes, as if its process had been killed.
+    # The middle reader "dies": its request goes, as if its process had been killed and its
+    # liveness had run out (a request past its "alive until" reads the same).
     middle = waiters(redis_engine, group, "dead")[1].split(":", 1)[1]
     client = redis.Redis.from_url(redis_server.url)
-    assert client.delete(f"ylock:{{{group}:dead}}:w:{middle}") == 1
+    assert client.hdel(f"ylock:{{{group}:dead}}:w", middle) == 1
     with collect(ylock.events.WAITER_EVICTED) as evicted:
         writer.unlock()
     assert [e.owner for e in evicted] == [middle]
@@ -204,9 +205,9 @@ def test_what_a_waiter_said_is_described_while_it_waits_and_kept_by_its_grant(re
 
 
 def test_a_waiter_that_says_nothing_costs_no_note_and_is_described_from_its_grant(redis_server, redis_engine, group):
-    """A waiter with no ylock.context: queueing writes its request only (no h key), and the
-    release that hands it the lock writes none either; describe() still shows the holder,
-    since its grant (from its token)."""
+    """A waiter with no ylock.context: queueing writes its request only (no note), and the
+    release that hands it the lock writes none either (the holder's record says nothing);
+    describe() still shows the holder, since its grant (from its token)."""
     client = redis.Redis.from_url(redis_server.url)
     holder = ylock.Lock(redis_engine, group, "quiet")
     holder.lock()
@@ -215,14 +216,16 @@ def test_a_waiter_that_says_nothing_costs_no_note_and_is_described_from_its_gran
     runner = _queue(redis_engine, group, "quiet", "write", tokens, release)
     (waiter,) = [w.split(":", 1)[1] for w in waiters(redis_engine, group, "quiet")]
     base = f"ylock:{{{group}:quiet}}"
-    assert client.exists(f"{base}:w:{waiter}") == 1
-    assert client.exists(f"{base}:h:{waiter}") == 0, "queueing wrote a note for a waiter that said nothing"
+    assert client.hget(f"{base}:w", waiter).decode().endswith("|1||"), "a request that says nothing ends with fair||"
+    assert sorted(k.decode() for k in client.scan_iter(match=f"{base}:*")) == \
+        sorted(f"{base}:{k}" for k in ("x", "q", "w")), "queueing wrote a key beyond the queue and its request"
     assert _info(redis_engine, group, "quiet").context[waiter]["since"] > 0      # described from its request
     before = time.time()
     holder.unlock()                                        # hands the lock to the waiter
     granted = _info(redis_engine, group, "quiet")
     assert granted.owners == (waiter,)
-    assert client.exists(f"{base}:h:{waiter}") == 0, "the handoff wrote a note for a holder that said nothing"
+    token, _, length, rest = client.get(f"{base}:x").decode().split("|", 3)
+    assert (length, rest) == ("0", waiter), "the handoff wrote a note for a holder that said nothing"
     assert abs(granted.context[waiter]["since"] - before) < 5      # from its token, the server's clock
     wait_until(lambda: len(tokens) == 1, what="the waiter running")
     assert tokens == [granted.token]

@@ -158,5 +158,6 @@ def test_no_keys_remain_but_fences_after_release(redis_server, group):
             pass
     client = redis.Redis.from_url(redis_server.url)
     keys = sorted(k.decode() for k in client.scan_iter(match=f"ylock:{{{group}:*"))
-    assert keys and all(k.endswith(":f") for k in keys), keys[:5]
+    assert len(keys) == 20 and all(k.endswith(":x") and client.get(k).endswith(b"|0|0|") for k in keys), keys[:5]
     assert all(0 < client.pttl(k) <= 86400 * 1000 for k in keys)   # fences are bounded in time
+    assert not client.exists(f"ylock:i:{group}")                   # nothing listed

@@ -36,8 +36,10 @@ def test_ten_thousand_holds_are_renewed_in_few_round_trips(redis_server, group):
         window = [n for n, at in batches if at >= window_start]
         ylock.WATCHDOG.on_batch = None
         assert sum(window) >= 10_000, f"only {sum(window)} renewals in two periods"
-        # each batch is one engine.renew() call: <= 5 pipelines of 2,000 on one server
-        assert len(window) <= 2 * 3, f"{len(window)} batches in two periods"
+        # each batch is one engine.renew() call, one pipeline per 2,000 on one server: the
+        # 10,000 go out as about 5 pipelines a period (spread over it, see ylock.watchdog)
+        pipelines = sum(-(-n // 2000) for n in window)
+        assert pipelines <= 2 * 7, f"{pipelines} pipelines in two periods ({window})"
         assert not lost.is_set()
         assert all(not locks[name].lost for name in names[:100])
     finally:

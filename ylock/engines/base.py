@@ -43,9 +43,9 @@ from ylock.waiting import Polling
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Engine", "AcquireRequest", "LockInfo", "RenewItem", "READ", "WRITE", "PERMIT", "MODES", "LOCK",
-           "SEMAPHORE", "split_url_options", "parse_bool", "Steps", "Abandon", "run_steps", "arun_steps", "Mailbox",
-           "settle", "abandon_first", "run_abandon_first", "cancelling"]
+__all__ = ["Engine", "AcquireRequest", "LockInfo", "Listing", "check_limit", "RenewItem", "READ", "WRITE", "PERMIT",
+           "MODES", "LOCK", "SEMAPHORE", "split_url_options", "parse_bool", "Steps", "Abandon", "run_steps",
+           "arun_steps", "Mailbox", "settle", "abandon_first", "run_abandon_first", "cancelling"]
 
 
 
@@ -74,6 +74,38 @@ class LockInfo:
             "ttl": None if self.ttl is None else round(self.ttl, 3), "token": self.token,
             "permits": self.permits, "context": {o: dict(c) for o, c in self.context.items()},
         }
+
+
+class Listing(list[LockInfo]):
+    """What :meth:`Engine.describe` returns: the locks and semaphores found, in (group, name,
+    kind) order, at most ``limit`` of them; and :attr:`total`, how many there are in all.
+
+    With a ``limit``, ``total`` is what the engine counted without describing each lock: on
+    Redis the size of its index, which still counts a lock whose last lease ran out since it
+    was last read (a listing drops it), so read it as "about"."""
+
+    def __init__(self, infos: Iterable[LockInfo] = (), total: int | None = None) -> None:
+        super().__init__(infos)
+        #: How many locks (and semaphores) are held or waited for in all, at least ``len(self)``.
+        self.total = len(self) if total is None else max(total, len(self))
+
+    @classmethod
+    def of(cls, infos: Iterable[LockInfo], limit: int | None) -> Listing:
+        """Sort ``infos`` (every lock an engine found) and keep the first ``limit``."""
+        found = sorted(infos, key=lambda i: (i.group, i.name, i.kind))
+        return cls(found if limit is None else found[:limit], len(found))
+
+
+def check_limit(limit: object) -> int | None:
+    """Return ``limit`` if it is a valid ``describe()`` limit (None, or an int of at least
+    1), else raise ValueError saying why."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise ValueError(f"describe() limit must be an int or None, not {type(limit).__name__}: {limit!r}")
+    if limit < 1:
+        raise ValueError(f"describe() limit must be at least 1, got {limit}")
+    return limit
 
 
 def holder_context(owner: str, since: float | None, raw: str | bytes | None) -> dict[str, Any]:
@@ -205,8 +237,13 @@ class Engine(abc.ABC):
     # -- inspection ----------------------------------------------------------------
 
     @abc.abstractmethod
-    def describe(self, group: str | None = None) -> Iterable[LockInfo]:
-        """Yield a :class:`LockInfo` for every lock held or waited for (in ``group``)."""
+    def describe(self, group: str | None = None, limit: int | None = None) -> Listing:
+        """Return a :class:`LockInfo` for every lock (and semaphore) held or waited for (in
+        ``group``), in (group, name, kind) order: the first ``limit`` of them if given, with
+        how many there are in all (:attr:`Listing.total`). A listing costs what is held and
+        queued (of ``group``), never what else the server stores; with a limit, about
+        ``limit`` locks' worth. Raise ValueError for a limit that is not None or an int >= 1
+        (:func:`check_limit`)."""
 
     def describe_lock(self, group: str, name: str, kind: str = LOCK) -> LockInfo | None:
         """Return the :class:`LockInfo` of one lock (``kind="semaphore"``: one semaphore), or

@@ -28,11 +28,13 @@ from ylock.engines.base import (
     WRITE,
     AcquireRequest,
     Engine,
+    Listing,
     LockInfo,
     Mailbox,
     RenewItem,
     Steps,
     arun_steps,
+    check_limit,
     holder_context,
     run_steps,
 )
@@ -299,7 +301,8 @@ class LocalEngine(Engine):
                     results.append(False)
         return results
 
-    def describe(self, group: str | None = None) -> list[LockInfo]:
+    def describe(self, group: str | None = None, limit: int | None = None) -> Listing:
+        check_limit(limit)
         infos = []
         with self._mutex:
             now = time.monotonic()
@@ -324,7 +327,7 @@ class LocalEngine(Engine):
                                       None if until is None else max(0.0, until - now),
                                       state.last_token if owners else None, kind,
                                       state.permits if kind == SEMAPHORE else None, notes))
-        return infos
+        return Listing.of(infos, limit)
 
     def adopt(self, group: str, name: str, mode: str, old_owner: str, new_owner: str, token: int) -> bool:
         with self._mutex:

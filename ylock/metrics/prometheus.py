@@ -10,6 +10,8 @@ metric                                 type       labels
 ``ylock_exporter_dropped_total``       counter    exporter (events a full buffer dropped)
 ``ylock_exporter_failed_total``        counter    exporter (events in batches the sink refused)
 ``ylock_exporter_queued``              gauge      exporter (``livesum`` across processes)
+``ylock_watchdog_late_renewals_total`` counter    renewals sent over a sixth of their lease late
+``ylock_watchdog_lag_seconds``         gauge      how late the latest batch went out (``max``)
 =====================================  =========  ==============================================
 
 They are ``prometheus_client``'s own ``Counter``, ``Histogram`` and ``Gauge``, so its
@@ -49,6 +51,7 @@ from ylock.events import Event
 from ylock.metrics.background import Shipper, live_shippers
 from ylock.metrics.deferred import Deferred
 from ylock.metrics.tags import LABELS, Tagging
+from ylock.watchdog import WATCHDOG
 
 #: Histogram buckets in seconds: from a local round trip to a long hold.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -136,6 +139,13 @@ class PrometheusExporter(Deferred):
         # livesum: the deployment's queue is what live processes hold (child_exit forgets the dead).
         self.queued = Gauge(f"{ns}_exporter_queued", "Events waiting in the exporter buffer", ["exporter"],
                             registry=self.registry, multiprocess_mode="livesum")
+        # The renewal thread falling behind (ylock.watchdog): copied with the shippers' counts.
+        self.watchdog_late = Counter(f"{ns}_watchdog_late_renewals", "Renewals the watchdog sent more than a "
+                                     "sixth of their lease after they were due (it falls behind)",
+                                     registry=self.registry)
+        self.watchdog_lag = Gauge(f"{ns}_watchdog_lag_seconds", "How late the watchdog's latest batch sent its "
+                                  "most overdue renewal", registry=self.registry, multiprocess_mode="max")
+        self._late_seen = 0
 
     def retag(self, tagging: Tagging) -> None:
         """Tag the events applied from now on with ``tagging`` (settings changed: the exporter,
@@ -147,6 +157,7 @@ class PrometheusExporter(Deferred):
     def _after_fork(self) -> None:
         super()._after_fork()
         self._shipped = weakref.WeakKeyDictionary()   # the child's shippers count from 0
+        self._late_seen = 0                           # and its watchdog
 
     def __repr__(self) -> str:
         return f"<PrometheusExporter namespace={self.namespace}>"
@@ -237,6 +248,11 @@ class PrometheusExporter(Deferred):
             queued[shipper.kind] = queued.get(shipper.kind, 0) + stats["queued"]
         for kind, value in queued.items():
             self.queued.labels(kind).set(value)
+        watchdog = WATCHDOG.stats()
+        late = int(watchdog["late"])
+        self.watchdog_late.inc(max(late - self._late_seen, 0))
+        self._late_seen = late
+        self.watchdog_lag.set(watchdog["lag"])
 
     def flush(self) -> None:
         """Apply every pending event and the background exporters' counts to the metrics now."""
@@ -247,7 +263,8 @@ class PrometheusExporter(Deferred):
     def families(self) -> list[Any]:
         """Return this process's metric families (every pending event applied)."""
         self.flush()
-        return [family for metric in (self.events, *self.spans.values(), self.dropped, self.failed, self.queued)
+        return [family for metric in (self.events, *self.spans.values(), self.dropped, self.failed, self.queued,
+                                      self.watchdog_late, self.watchdog_lag)
                 for family in metric.collect()]
 
     def scrape_registry(self) -> Any:
@@ -280,7 +297,7 @@ class PrometheusExporter(Deferred):
         self.flush()
         collector: Any
         for collector in (self._flusher, self.events, *self.spans.values(), self.dropped, self.failed,
-                          self.queued):
+                          self.queued, self.watchdog_late, self.watchdog_lag):
             try:
                 self.registry.unregister(collector)
             except KeyError:

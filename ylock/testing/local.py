@@ -34,7 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ylock import events
-from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, WRITE, AcquireRequest, LockInfo, RenewItem
+from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, WRITE, AcquireRequest, Listing, RenewItem
 from ylock.engines.local import LocalEngine
 from ylock.errors import EngineUnavailable
 from ylock.holds import HOLDS
@@ -132,9 +132,9 @@ class LocalTestEngine(LocalEngine):
         self._check()
         return super().renew(items)
 
-    def describe(self, group: str | None = None) -> list[LockInfo]:
+    def describe(self, group: str | None = None, limit: int | None = None) -> Listing:
         self._check()
-        return super().describe(group)
+        return super().describe(group, limit)
 
     def force_release(self, group: str, name: str, kind: str = LOCK) -> bool:
         self._check()

@@ -28,9 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ylock.testing import ServerError, ServerProcess, free_port
-
-_BIND_ERRORS = ("Address already in use", "Can't start server: Bind on TCP/IP port")
+from ylock.testing import ServerError
+from ylock.testing.database import DatabaseServer, unprivileged_user
 
 
 def _binary(name: str, env: str, default: str) -> str:
@@ -42,26 +41,20 @@ def _binary(name: str, env: str, default: str) -> str:
 
 def _run_as() -> pwd.struct_passwd | None:
     """The user the server runs as when we are root (None: as ourselves)."""
-    if os.geteuid() != 0:
-        return None
-    for name in filter(None, [os.environ.get("YLOCK_MARIADB_USER", ""), "mysql", "nobody"]):
-        try:
-            user = pwd.getpwnam(name)
-        except KeyError:
-            continue
-        if user.pw_uid != 0:
-            return user
-    raise ServerError("running as root and no unprivileged user to run MariaDB as "
-                      "(set YLOCK_MARIADB_USER, or apt-get install mariadb-server, which creates 'mysql')")
+    return unprivileged_user("YLOCK_MARIADB_USER", "mysql", "MariaDB", "mariadb-server")
 
 
-class MariaDBServer(ServerProcess):
+class MariaDBServer(DatabaseServer):
     """One MariaDB server on 127.0.0.1 at a free port, in its own directory.
 
     ``settings`` are extra ``mariadbd --name=value`` options over the defaults made for
     tests: commits written to the OS at each commit but not synced (a killed server keeps
     them, a crashed machine would not), 300 connections, small buffers, no performance schema.
     """
+
+    binary = "mariadbd"
+    bind_errors = ("Address already in use", "Can't start server: Bind on TCP/IP port")
+    start_timeout = 60.0
 
     def __init__(self, *, port: int | None = None, user: str = "ylock", password: str = "ylock-secret",
                  database: str = "ylock", settings: dict[str, Any] | None = None) -> None:
@@ -72,9 +65,7 @@ class MariaDBServer(ServerProcess):
         self.settings = dict(settings or {})
         self.dir = Path(tempfile.mkdtemp(prefix="ylock-mariadb-"))
         self.proc: subprocess.Popen[bytes] | None = None
-        self.paused = False
         self._installed = False
-        self._log_offset = 0
 
     # -- where things are -------------------------------------------------------------------
     @property
@@ -100,7 +91,7 @@ class MariaDBServer(ServerProcess):
     def _popen_user(self) -> dict[str, Any]:
         return {}
 
-    def _install(self) -> None:
+    def _prepare(self) -> None:
         if self._installed:
             return
         user = _run_as()
@@ -143,38 +134,10 @@ class MariaDBServer(ServerProcess):
             args.append(f"--{name}" if value is None else f"--{name}={value}")
         return args
 
-    def start(self, attempts: int = 5, timeout: float = 60.0) -> MariaDBServer:
-        """Start the server; retry on another port if the picked one was taken. Returns self."""
-        self._install()
-        for _ in range(attempts):
-            if not self.port or self.proc is not None:
-                self.port = free_port()
-            self.proc = None
-            if self._spawn(timeout):
-                return self
-            if not self._port_taken():
-                break
-        raise ServerError(f"mariadbd did not start on 127.0.0.1:{self.port}; last log:\n{self.read_log()}")
-
-    def _spawn(self, timeout: float) -> bool:
-        self._log_offset = self.log.stat().st_size if self.log.exists() else 0
-        self.proc = subprocess.Popen(self._args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     stdin=subprocess.DEVNULL, cwd=self.dir, start_new_session=True,
-                                     env={**os.environ, "LC_ALL": "C"})
-        self.paused = False
-        if self._wait_ready(timeout):
-            return True
-        self.stop()
-        return False
-
-    def _port_taken(self) -> bool:
-        try:
-            with open(self.log, "rb") as f:
-                f.seek(self._log_offset)
-                text = f.read().decode(errors="replace")
-        except OSError:
-            return False
-        return any(e in text for e in _BIND_ERRORS)
+    def _popen(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self._args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                stdin=subprocess.DEVNULL, cwd=self.dir, start_new_session=True,
+                                env={**os.environ, "LC_ALL": "C"})
 
     def _wait_ready(self, timeout: float) -> bool:
         import pymysql
@@ -249,19 +212,4 @@ class MariaDBServer(ServerProcess):
         port with the same data directory."""
         self.stop(mode)
         time.sleep(down)
-        deadline = time.monotonic() + 60
-        while True:
-            self.proc = None
-            if self._spawn(60):
-                return
-            if not self._port_taken() or time.monotonic() > deadline:
-                raise ServerError(f"mariadbd could not restart on port {self.port}; last log:\n{self.read_log()}")
-            time.sleep(0.2)
-
-    def cleanup(self) -> None:
-        """Stop, and remove the directory (data and log)."""
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __exit__(self, *exc: object) -> None:
-        self.cleanup()
+        self._start_again(60, 0.2)

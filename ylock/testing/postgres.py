@@ -23,7 +23,6 @@ import glob
 import os
 import pwd
 import re
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -31,13 +30,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ylock.testing import ServerError, ServerProcess, free_port
+from ylock.testing import ServerError
+from ylock.testing.database import DatabaseServer, unprivileged_user
 
 if TYPE_CHECKING:
     import psycopg
-
-_BIND_ERRORS = ("could not bind", "Address already in use")
-
 
 def _version_key(path: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", Path(path).parent.parent.name))
@@ -62,18 +59,7 @@ def bin_dir() -> Path:
 
 def _run_as() -> pwd.struct_passwd | None:
     """The user the server runs as when we are root (None: run as ourselves)."""
-    if os.geteuid() != 0:
-        return None
-    names = [os.environ.get("YLOCK_POSTGRES_USER", ""), "postgres", "nobody"]
-    for name in filter(None, names):
-        try:
-            user = pwd.getpwnam(name)
-        except KeyError:
-            continue
-        if user.pw_uid != 0:
-            return user
-    raise ServerError("running as root and no unprivileged user to run PostgreSQL as "
-                      "(set YLOCK_POSTGRES_USER, or apt-get install postgresql, which creates 'postgres')")
+    return unprivileged_user("YLOCK_POSTGRES_USER", "postgres", "PostgreSQL", "postgresql")
 
 
 def _traversable(path: Path, user: pwd.struct_passwd) -> bool:
@@ -122,7 +108,7 @@ def _signal(pid: int, sig: signal.Signals) -> None:
         pass
 
 
-class PostgresServer(ServerProcess):
+class PostgresServer(DatabaseServer):
     """One PostgreSQL server on 127.0.0.1 at a free port, in its own directory.
 
     ``user`` is the superuser ``initdb`` creates (it need not exist on the system), ``dbname``
@@ -132,6 +118,9 @@ class PostgresServer(ServerProcess):
     no fsync (commits still reach the OS: an immediate shutdown, like a crash of the server
     but not of the machine, keeps them), 300 connections, log to ``postgres.log`` in the directory.
     """
+
+    binary = "postgres"
+    bind_errors = ("could not bind", "Address already in use")
 
     def __init__(self, *, port: int | None = None, directory: str | None = None, user: str = "ylock",
                  password: str | None = None, dbname: str = "ylock", settings: dict[str, Any] | None = None,
@@ -144,9 +133,7 @@ class PostgresServer(ServerProcess):
         self.own_dir = directory is None     # made here: removed by cleanup() and on leaving ``with``
         self.dir = Path(directory or tempfile.mkdtemp(prefix="ylock-postgres-"))
         self.proc: subprocess.Popen[bytes] | None = None
-        self.paused = False
         self._initialized = False
-        self._log_offset = 0    # where the current run's lines start in the log
 
     # -- where things are -------------------------------------------------------------------
     @property
@@ -235,36 +222,13 @@ class PostgresServer(ServerProcess):
             args += ["-c", f"{name}={value}"]
         return args
 
-    def start(self, attempts: int = 5, timeout: float = 30.0) -> PostgresServer:
-        """Start the server; retry on another port if the picked one was taken. Returns self."""
-        self._prepare()
-        for _ in range(attempts):
-            if not self.port or self.proc is not None:
-                self.port = free_port()
-            self.proc = None
-            if self._spawn(timeout):
-                self._create_database()
-                return self
-            if not self._port_taken():
-                break
-        raise ServerError(f"postgres did not start on 127.0.0.1:{self.port}; last log:\n{self.read_log()}")
-
-    def _spawn(self, timeout: float) -> bool:
-        """Start the postmaster and wait until it answers as ours; False (and stopped) if not."""
-        self._log_offset = self.log_size()
+    def _popen(self) -> subprocess.Popen[bytes]:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self._args(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=self._env(), cwd=self.dir, start_new_session=True,
-                                         **self._popen_user())
-        self.paused = False
-        if self._wait_ready(timeout):
-            return True
-        self.stop()
-        return False
+            return subprocess.Popen(self._args(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=self._env(), cwd=self.dir, start_new_session=True, **self._popen_user())
 
-    def _port_taken(self) -> bool:
-        text = self.log_since(self._log_offset)
-        return any(e in text for e in _BIND_ERRORS)
+    def _started(self) -> None:
+        self._create_database()
 
     def _postmaster_status(self) -> str:
         """The status line of ``postmaster.pid`` ("starting", "ready"...) if the file is our
@@ -387,20 +351,4 @@ class PostgresServer(ServerProcess):
         start again on the same port with the same data directory: data is kept."""
         self.stop(mode)
         time.sleep(down)
-        deadline = time.monotonic() + 30
-        while True:
-            self.proc = None
-            if self._spawn(30):
-                return
-            if not self._port_taken() or time.monotonic() > deadline:
-                raise ServerError(f"postgres could not restart on port {self.port}; last log:\n{self.read_log()}")
-            time.sleep(0.1)
-
-    def cleanup(self) -> None:
-        """Stop, and remove the directory (data and log) if it was made here."""
-        self.stop()
-        if self.own_dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __exit__(self, *exc: object) -> None:
-        self.cleanup()
+        self._start_again(30, 0.1)

@@ -2,13 +2,16 @@
 optionally over TLS as well (:func:`make_tls_files`, then ``tls=``)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ylock.testing import ServerError, ServerProcess, free_port
 
@@ -248,6 +251,65 @@ class RedisCluster:
 
     def read_log(self) -> str:
         return "\n".join(n.read_log() for n in self.nodes)
+
+    def masters(self) -> list[RedisServer]:
+        """The nodes that are masters now."""
+        import redis
+
+        out = []
+        for node in self.nodes:
+            with contextlib.suppress(redis.exceptions.RedisError):
+                if redis.Redis(port=node.port, socket_timeout=2).info("replication").get("role") == "master":
+                    out.append(node)
+        return out
+
+    def slot_owner(self, slot: int) -> RedisServer:
+        """The master that serves ``slot`` now (as the first master asked says)."""
+        import redis
+
+        for start, end, master, *_ in redis.Redis(port=self.masters()[0].port, socket_timeout=2,
+                                                  decode_responses=True).execute_command("CLUSTER", "SLOTS"):
+            if start <= slot <= end:
+                return next(n for n in self.nodes if n.port == int(master[1]))
+        raise ServerError(f"no master serves slot {slot}")
+
+    def migrate_slot(self, slot: int, to: RedisServer | None = None, *, pause: float = 0.0,
+                     order: Callable[[bytes], Any] | None = None,
+                     after_key: Callable[[bytes], None] | None = None) -> RedisServer:
+        """Move ``slot`` to another master (``to``, else the next one) the standard way, as
+        ``redis-cli --cluster reshard`` does: ``CLUSTER SETSLOT IMPORTING`` on the target,
+        ``MIGRATING`` on the source, ``MIGRATE`` of each key (again while the source still has
+        some: clients may write new ones meanwhile), then ``SETSLOT NODE`` on the target, the
+        source and the other masters. Keys go one at a time, sorted by ``order`` (a key
+        function; default: as the source lists them), ``after_key(key)`` called after each and
+        then ``pause`` seconds: what holds the slot's keys split between the two nodes for
+        as long as a test needs. Return the new owner."""
+        import redis
+
+        source = self.slot_owner(slot)
+        target = to or next(n for n in self.masters() if n.port != source.port)
+        src = redis.Redis(port=source.port, socket_timeout=10)
+        dst = redis.Redis(port=target.port, socket_timeout=10)
+        source_id = src.execute_command("CLUSTER", "MYID").decode()
+        target_id = dst.execute_command("CLUSTER", "MYID").decode()
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        while True:
+            keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+            if not keys:
+                break
+            for key in sorted(keys, key=order) if order else keys:
+                reply = src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 10_000, "KEYS", key)
+                if reply not in (b"OK", b"NOKEY", "OK", "NOKEY"):
+                    raise ServerError(f"MIGRATE {key!r} answered {reply!r}")
+                if after_key is not None:
+                    after_key(key)
+                if pause:
+                    time.sleep(pause)
+        for node in [target, source, *(n for n in self.masters() if n.port not in (source.port, target.port))]:
+            redis.Redis(port=node.port, socket_timeout=10).execute_command("CLUSTER", "SETSLOT", slot, "NODE",
+                                                                          target_id)
+        return target
 
 
 class RedisSentinel:

@@ -51,6 +51,9 @@ class ZooKeeperNode(ServerProcess):
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.servers: list[str] = []   # "server.N=127.0.0.1:peer:election" lines (ensembles)
+        # time.monotonic() when the process was last launched: the server reloads its sessions
+        # after this, each with a fresh timeout, so none expires before launched + its timeout.
+        self.launched = 0.0
 
     @property
     def data_dir(self) -> Path:
@@ -77,6 +80,7 @@ class ZooKeeperNode(ServerProcess):
         config = self.write_config()
         classpath = ["/etc/zookeeper/conf", JAR] + ([SLF4J_SIMPLE] if os.path.exists(SLF4J_SIMPLE) else [])
         log = open(self.log, "ab")
+        self.launched = time.monotonic()
         self.proc = subprocess.Popen(
             ["java", "-Xmx192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Dzookeeper.jmx.log4j.disable=true",
              "-Dorg.slf4j.simpleLogger.showDateTime=true",
@@ -249,6 +253,11 @@ class ZooKeeperServer:
     @property
     def port(self) -> int:
         return self.node.port
+
+    @property
+    def launched(self) -> float:
+        """time.monotonic() when the server process was last launched (see ZooKeeperNode)."""
+        return self.node.launched
 
     def read_log(self) -> str:
         return self.node.read_log()

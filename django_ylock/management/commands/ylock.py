@@ -1,7 +1,7 @@
 """``manage.py ylock``: list held locks and waiters, inspect or force-release one, show the
 deployment's stats, run a command while holding a named lock.
 
-    python manage.py ylock list [--group G] [--engine ALIAS] [--json]
+    python manage.py ylock list [--group G] [--limit N] [--engine ALIAS] [--json]
     python manage.py ylock inspect GROUP NAME [--engine ALIAS] [--json]
     python manage.py ylock release GROUP NAME [--engine ALIAS] [--yes]
     python manage.py ylock stats [--engine ALIAS] [--json]

@@ -78,10 +78,12 @@ and refused (:mod:`~.proxies`; Django's W004 warns at ``check --deploy``).
 
 The modules, by concern: :mod:`~.engine` (the engine protocol, options, error translation),
 :mod:`~.steps` (acquire, release, give back: generators of :mod:`~.ops` operations),
-:mod:`~.executor` (does them, blocking or awaited; opens connections), :mod:`~.pool` (the
-connections, the held table, heartbeats), :mod:`~.connection` (URL, handshake, one
-connection), :mod:`~.wire` (the protocol without blocking, with deadlines), :mod:`~.sql`
-(the statements and names), :mod:`~.inspection` (describe, adopt), :mod:`~.proxies`.
+:mod:`~.executor` (does them, blocking or awaited; opens connections), :mod:`~.connection`
+(URL, handshake, one connection), :mod:`~.wire` (the protocol without blocking, with
+deadlines), :mod:`~.sql` (the statements and names), :mod:`~.inspection` (describe),
+:mod:`~.proxies`. The pool of connections, the held table and the heartbeats, and the frames
+of the engine, its steps and its executor, are the session engines'
+(:mod:`ylock.engines.sessions`), shared with the PostgreSQL engine.
 """
 from __future__ import annotations
 

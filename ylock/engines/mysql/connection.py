@@ -16,8 +16,12 @@ from pymysql.connections import Connection as _PyMySQLConnection
 
 from ylock import options as opt
 from ylock.engines.base import parse_bool
-from ylock.engines.mysql.wire import Exchange, NoAnswer, Wire
+from ylock.engines.mysql.wire import IO, NoAnswer, Wire
+from ylock.engines.sessions.connection import Hold, SessionConn, keepalive_timing
 from ylock.errors import ConfigurationError
+
+__all__ = ["DRIVER_OPTIONS", "Conn", "Hold", "Server", "Target", "check_version", "driver_error", "handshake",
+           "keepalive_timing", "parse_target", "parse_version", "read_only_error"]
 
 #: The driver options a URL may carry besides ylock's (PyMySQL's names): TLS and the socket.
 DRIVER_OPTIONS: dict[str, Any] = {"ssl_ca": str, "ssl_cert": str, "ssl_key": str, "ssl_key_password": str,
@@ -76,16 +80,6 @@ def parse_target(url: str, driver: dict[str, str], ours: tuple[str, ...]) -> Tar
                   unquote(parts.password or ""), database, options, scheme)
 
 
-class Hold(NamedTuple):
-    """What a connection carries: one owner's holds (write, read, or a permit) of one lock or
-    semaphore (``kind``). The key of the engine's table of held connections."""
-
-    group: str
-    name: str
-    owner: str
-    kind: str
-
-
 class Server(NamedTuple):
     """What the server said about itself when a connection opened."""
 
@@ -96,26 +90,17 @@ class Server(NamedTuple):
     client: str             # the client's host:port as the server sees it
 
 
-class Conn:
+class Conn(SessionConn):
     """One lock connection: its socket and what it carries (one owner's holds of one lock
     or semaphore, or nothing while pooled)."""
 
-    __slots__ = ("wire", "server", "local_port", "busy", "pending", "reused", "answered", "broken", "cut", "hold",
-                 "modes", "token", "lk", "kx", "mark", "lease_set")
+    __slots__ = ("wire", "server", "local_port", "lk", "kx", "mark", "lease_set")
 
     def __init__(self, wire: Wire, server: Server, local_port: int | None) -> None:
+        super().__init__()
         self.wire = wire
         self.server = server
         self.local_port = local_port
-        self.busy = threading.Lock()          # whoever runs an exchange on it (owner or watchdog)
-        self.pending: Exchange | None = None  # an exchange in flight
-        self.reused = False                   # taken from the idle pool (maybe stale)
-        self.answered = False                 # answered since it was taken
-        self.broken = False                   # unusable: closed or in the middle of a message
-        self.cut = False                      # closed by us: the server did not answer in time
-        self.hold: Hold | None = None         # what it carries
-        self.modes: set[str] = set()
-        self.token = 0
         self.lk = ""                          # the hold's key in the holds table
         self.kx = ""                          # the lock's (or semaphore queue's) GET_LOCK name
         self.mark = ""                        # the hold's own GET_LOCK name (its liveness)
@@ -128,6 +113,21 @@ class Conn:
     def close(self) -> None:
         self.broken = True
         self.wire.close(quit=self.pending is None)
+
+    def stale(self) -> bool:
+        return self.wire.stale()
+
+    def heartbeat(self) -> IO[Any]:
+        """``COM_PING``: it resets the session's idle timer (``wait_timeout``: the lease) and
+        proves the session alive."""
+        return self.wire.ping()
+
+    def unbind(self) -> None:
+        super().unbind()
+        self.lk, self.kx, self.mark = "", "", ""
+
+    def reusable(self) -> bool:
+        return not self.broken and self.pending is None and not self.lease_set
 
 
 _CONTEXTS: dict[tuple[tuple[str, str], ...], Any] = {}
@@ -184,12 +184,6 @@ def driver_error(exc: BaseException) -> tuple[int, str, bool] | None:
     if args and isinstance(args[0], int):
         return args[0], str(args[1]) if len(args) > 1 else str(exc), "ProgrammingError" in names
     return 0, str(exc), "ProgrammingError" in names
-
-
-def keepalive_timing(keepalive: float) -> tuple[int, int]:
-    """The keepalive idle time and probe interval (seconds) that notice a vanished peer
-    within about ``keepalive`` seconds (three probes)."""
-    return max(1, round(keepalive / 2)), max(1, round(keepalive / 6))
 
 
 def handshake(target: Target, end: float, keepalive: float) -> tuple[Wire, int | None]:

@@ -1,37 +1,26 @@
 """The MySQL engine's protocol: :class:`MySQLEngine`, its options, and the one place where
-driver and server errors become ylock's (see the package docstring)."""
+driver and server errors become ylock's (see the package docstring); what it shares with the
+PostgreSQL engine is :class:`~ylock.engines.sessions.engine.SessionEngine`'s."""
 from __future__ import annotations
 
-import re
+import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 from ylock import options as opt
-from ylock.engines.base import (
-    LOCK,
-    SEMAPHORE,
-    AcquireRequest,
-    Engine,
-    LockInfo,
-    RenewItem,
-    Steps,
-    arun_steps,
-    run_steps,
-    split_url_options,
-)
-from ylock.engines.mysql.connection import Hold, Target, driver_error, parse_target, read_only_error
+from ylock.engines.base import LOCK, SEMAPHORE, Listing, LockInfo, check_limit
+from ylock.engines.mysql.connection import Conn, Target, driver_error, parse_target, read_only_error
 from ylock.engines.mysql.executor import Executor
-from ylock.engines.mysql.inspection import adopt_steps, lock_infos
-from ylock.engines.mysql.ops import Query
-from ylock.engines.mysql.pool import Pool
+from ylock.engines.mysql.inspection import lock_infos
 from ylock.engines.mysql.proxies import client_port, probe, verdict
 from ylock.engines.mysql.sql import Statements, lock_key
-from ylock.engines.mysql.steps import HoldSteps, kind_of
-from ylock.engines.mysql.wire import Broken, NoAnswer, ServerError
-from ylock.errors import ConfigurationError, EngineUnavailable, LockError
-from ylock.holds import HOLDS
+from ylock.engines.mysql.steps import HoldSteps
+from ylock.engines.mysql.wire import Broken, ServerError
+from ylock.engines.sessions.engine import SessionEngine
+from ylock.engines.sessions.pool import Pool
+from ylock.errors import EngineUnavailable, LockError
+
+logger = logging.getLogger("ylock.engines.mysql")
 
 #: Server errors that mean the server cannot serve us now (connections, resources, shutdown).
 _UNAVAILABLE = {1040: "too many connections: raise the server's max_connections, or lower the engines' "
@@ -45,80 +34,44 @@ _READ_ONLY = (1290, 1836, 1792)
 _DENIED = (1142, 1143, 1227, 1095, 1044)
 
 
-class MySQLEngine(Engine):
+class MySQLEngine(SessionEngine):
     """Locks and semaphores on MySQL 8 and MariaDB 10.6+ (see :mod:`ylock.engines.mysql`)."""
 
     scheme = "mysql"
+    server = "MySQL"
+    url_schemes = ("mysql", "mariadb")
     url_options = {"max_connections": int, "idle_connections": int, "socket_timeout": float,
                    "connect_timeout": float, "keepalive": float, "prefix": str, "proxy": str}
+    _executor: Executor
 
     def __init__(self, url: str | Target, *, max_connections: int = 10, idle_connections: int = 2,
                  socket_timeout: float = 2.0, connect_timeout: float = 2.0, keepalive: float = 10.0,
                  prefix: str = "ylock", proxy: str = "check", **driver: Any) -> None:
         super().__init__()
-        where = "MySQL engine option"
-        code = opt.E_ENGINE_URL
-        self.max_connections = opt.number(max_connections, f"{where} max_connections", minimum=1, maximum=10_000,
-                                          integer=True, code=code)
-        self.idle_connections = opt.number(idle_connections, f"{where} idle_connections", minimum=0,
-                                           maximum=10_000, integer=True, code=code)
-        self.socket_timeout = opt.seconds(socket_timeout, f"{where} socket_timeout", maximum=3600, code=code)
-        self.connect_timeout = opt.seconds(connect_timeout, f"{where} connect_timeout", maximum=3600, code=code)
-        self.keepalive = opt.seconds(keepalive, f"{where} keepalive", minimum=1, maximum=86400, above=None,
-                                     code=code)
-        self.proxy = opt.choice(proxy, f"{where} proxy", ("check", "session"), code=code)
-        if not isinstance(prefix, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,19}", prefix):
-            raise ConfigurationError(f"{where} prefix must be a lower-case SQL name (letters, digits, _; at most "
-                                     f"20), got {prefix!r}", code=code)
-        self.prefix = prefix
+        self._limits(max_connections=max_connections, idle_connections=idle_connections,
+                     socket_timeout=socket_timeout, connect_timeout=connect_timeout, keepalive=keepalive)
+        self.proxy = opt.choice(proxy, "MySQL engine option proxy", ("check", "session"), code=opt.E_ENGINE_URL)
+        self.prefix = self._check_prefix(prefix, 20)
         self.target = url if isinstance(url, Target) else parse_target(url, driver, tuple(self.url_options))
         self.url = self.target.display()
         self.sql = Statements(prefix)
         self._reset_state()
 
-    def _reset_state(self) -> None:
-        """Start with no connections (a new engine, or a forked child's copy)."""
-        self._pool = Pool(self.max_connections, self.idle_connections, self.connect_timeout, self.url_for_display)
-        self._executor = Executor(self.target, self.sql, self.connect_timeout, self.socket_timeout, self.keepalive,
-                                  self.url_for_display, check_proxy=self.proxy == "check")
-        self._steps = HoldSteps(self._pool, self.sql, prefix=self.prefix, database=self.target.database,
-                                socket_timeout=self.socket_timeout, where=self.url_for_display)
-        # The executors, as attributes: a test or a benchmark wraps them to count round trips.
-        self._do: Callable[[Any], Any] = self._executor.do
-        self._ado: Callable[[Any], Awaitable[Any]] = self._executor.ado
-
-    @classmethod
-    def from_url(cls, url: str, **options: Any) -> MySQLEngine:
-        """Build an engine from a URL: ylock's options and the driver's (TLS, unix socket) are
-        taken out of the query; keyword ``options`` win."""
-        try:
-            scheme = urlsplit(url).scheme.lower()
-        except ValueError as exc:
-            raise ConfigurationError(f"invalid MySQL URL: {exc}", code=opt.E_ENGINE_URL) from None
-        if scheme not in ("mysql", "mariadb"):
-            raise ConfigurationError(f"not a MySQL URL (mysql:// or mariadb://), got scheme {scheme!r}",
-                                     code=opt.E_ENGINE_URL)
-        base, ours, rest = split_url_options(url, cls.url_options)
-        return cls(base, **{**rest, **ours, **options})
+    def _make_state(self) -> tuple[Pool[Conn], Executor, HoldSteps]:
+        pool: Pool[Conn] = Pool(self.max_connections, self.idle_connections, self.connect_timeout,
+                                self.url_for_display, server=self.server, logger=logger)
+        executor = Executor(self.target, self.sql, self.connect_timeout, self.socket_timeout, self.keepalive,
+                            self.url_for_display, check_proxy=self.proxy == "check")
+        steps = HoldSteps(pool, self.sql, prefix=self.prefix, database=self.target.database,
+                          socket_timeout=self.socket_timeout, where=self.url_for_display)
+        return pool, executor, steps
 
     def url_for_display(self) -> str:
         return self.url
 
-    # -- errors: the one place they are translated ----------------------------------------------------
+    # -- errors: the one place they are translated (the frame: SessionEngine._translate) --------------
 
-    def _translate(self, exc: Exception, group: str | None = None, name: str | None = None) -> Exception:
-        """Return the ylock error for a driver's or the server's error."""
-        where = self.url_for_display()
-        if isinstance(exc, ConfigurationError) and exc.name is None and name is not None:
-            named = ConfigurationError(exc.problem, code=exc.code, hint=exc.hint, group=group, name=name)
-            named.__cause__ = exc.__cause__
-            return named
-        if isinstance(exc, LockError):
-            return exc
-        if isinstance(exc, NoAnswer):
-            detail = str(exc) if "connect_timeout" in str(exc) else f"socket_timeout {self.socket_timeout:g} s"
-            return EngineUnavailable(f"MySQL at {where} did not answer within its timeout ({detail}); the "
-                                     "connection was closed", group=group, name=name)
+    def _translate_server(self, exc: Exception, where: str, group: str | None, name: str | None) -> Exception:
         errno, message = None, str(exc)
         driver = driver_error(exc)
         if isinstance(exc, ServerError):
@@ -147,71 +100,25 @@ class MySQLEngine(Engine):
             return LockError(f"MySQL at {where} failed: {message}", group=group, name=name)
         return exc
 
-    def _run(self, steps: Steps, group: str | None = None, name: str | None = None) -> Any:
-        return run_steps(steps, self._do, lambda exc: self._translate(exc, group, name))
-
-    async def _arun(self, steps: Steps, group: str, name: str) -> Any:
-        return await arun_steps(steps, self._ado, lambda exc: self._translate(exc, group, name))
-
-    # -- holds --------------------------------------------------------------------------------------------
-
-    def acquire(self, request: AcquireRequest) -> int | None:
-        return self._run(self._steps.acquire(request), request.group, request.name)  # type: ignore[no-any-return]
-
-    async def aacquire(self, request: AcquireRequest) -> int | None:
-        return await self._arun(self._steps.acquire(request), request.group,  # type: ignore[no-any-return]
-                                request.name)
-
-    def release(self, group: str, name: str, owner: str, mode: str) -> bool:
-        return self._run(self._steps.release(group, name, owner, mode), group, name)  # type: ignore[no-any-return]
-
-    async def arelease(self, group: str, name: str, owner: str, mode: str) -> bool:
-        return await self._arun(self._steps.release(group, name, owner, mode),  # type: ignore[no-any-return]
-                                group, name)
-
-    def renew(self, items: Sequence[RenewItem]) -> list[bool | None]:
-        """Ping each hold's connection, all at once, and wait for them together (one round
-        trip's time for any number of holds): ``COM_PING`` resets the session's idle timer
-        (``wait_timeout``: the lease) and proves the session alive."""
-        holds = [(Hold(i.group, i.name, i.owner, kind_of(i.mode)), i.mode) for i in items]
-        return self._pool.renew(holds, time.monotonic() + self.socket_timeout, self._executor.failed)
-
-    #: A hold lives in its connection's server session: only this process can take it over.
-    adopts_across_processes = False
-
-    def adopt(self, group: str, name: str, mode: str, old_owner: str, new_owner: str, token: int) -> bool:
-        """Hand the connection that carries ``old_owner``'s hold to ``new_owner``. A detached
-        hold is not renewed: once its lease has passed, the server has ended its session and
-        this returns False."""
-        kind = kind_of(mode)
-        conn = self._pool.take(Hold(group, name, old_owner, kind), mode, token)
-        if conn is None:
-            return False
-        steps = adopt_steps(self._pool, self.sql, conn, Hold(group, name, new_owner, kind), token,
-                            self.socket_timeout)
-        return self._run(steps, group, name)  # type: ignore[no-any-return]
-
     # -- inspection and administration (blocking; on a borrowed connection) ------------------------------
 
+    def _checkout_wait(self) -> float:
+        return self.connect_timeout + self.socket_timeout
+
     def _utility(self, sql: str, group: str | None = None, name: str | None = None) -> Any:
-        def steps() -> Steps:
-            conn = yield from self._pool.checkout(time.monotonic() + self.connect_timeout + self.socket_timeout)
-            try:
-                results = yield Query(conn, sql, time.monotonic() + self.socket_timeout)
-            finally:
-                self._pool.checkin(conn)
-            return results, conn.server.mariadb
-        return self._run(steps(), group, name)
+        results, conn = self._borrowed(sql, group, name)
+        return results, conn.server.mariadb  # type: ignore[attr-defined]
 
     def ping(self) -> None:
         self._utility("SELECT 1")
 
-    def describe(self, group: str | None = None) -> list[LockInfo]:
+    def describe(self, group: str | None = None, limit: int | None = None) -> Listing:
+        check_limit(limit)
         # The flavour decides how the process list says how long a statement has waited.
         if self._executor.mariadb is None:
             self.ping()
         (holds, processes), _ = self._utility(self.sql.describe(group, bool(self._executor.mariadb)), group)
-        return lock_infos(holds, processes, group)
+        return Listing.of(lock_infos(holds, processes, group), limit)
 
     def describe_lock(self, group: str, name: str, kind: str = LOCK) -> LockInfo | None:
         return next((i for i in self.describe(group) if i.name == name and i.kind == kind), None)
@@ -264,19 +171,6 @@ class MySQLEngine(Engine):
 
     #: The hint of Django's W004 for this engine.
     pooler_hint = "connect to MySQL directly, or through a proxy that keeps sessions (then add ?proxy=session)"
-
-    # -- life cycle ---------------------------------------------------------------------------------------
-
-    def check_options(self) -> None:
-        """Everything was checked when the engine was built."""
-
-    def close(self) -> None:
-        if self._pool.close():
-            HOLDS.mark_lost(self, detail="the engine was closed: its lock connections with it")
-
-    def _after_fork(self) -> None:
-        # The parent's sockets are not ours: forget them (closing would say goodbye for it).
-        self._reset_state()
 
 
 def _drive_query(conn: Any, sql: str, end: float) -> Any:

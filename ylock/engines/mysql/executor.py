@@ -1,7 +1,8 @@
-"""The MySQL engine's executors: each operation of :mod:`~ylock.engines.mysql.ops` done
-blocking (:meth:`Executor.do`) or awaited (:meth:`Executor.ado`) on the wire of
-:mod:`~ylock.engines.mysql.wire`; and opening a lock connection (PyMySQL's handshake, then
-the session's settings and identity in one round trip, the tables on the first)."""
+"""The MySQL engine's executor: each operation of :mod:`~ylock.engines.mysql.ops` done
+blocking or awaited (the frame: :class:`~ylock.engines.sessions.executor.SessionExecutor`) on
+the wire of :mod:`~ylock.engines.mysql.wire`; and opening a lock connection (PyMySQL's
+handshake, then the session's settings and identity in one round trip, the tables on the
+first)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from ylock.engines.mysql.connection import (
     Conn,
@@ -19,10 +20,11 @@ from ylock.engines.mysql.connection import (
     handshake,
     read_only_error,
 )
-from ylock.engines.mysql.ops import Claim, Open, Query, Wait
+from ylock.engines.mysql.ops import Query
 from ylock.engines.mysql.proxies import client_port, refusal
 from ylock.engines.mysql.sql import Statements
-from ylock.engines.mysql.wire import Broken, Exchange, NoAnswer, ServerError, adrive, drive
+from ylock.engines.mysql.wire import Broken, ServerError, drive
+from ylock.engines.sessions.executor import SessionExecutor
 
 #: Server errors after which the session is gone: killed, timed out idle, shut down.
 GONE = (1053, 1927, 4031, 2006, 2013)
@@ -38,8 +40,11 @@ SETUP = ("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;\n"
          "(SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID())")
 
 
-class Executor:
+class Executor(SessionExecutor):
     """Do the steps' operations for one engine: where it connects and its statements."""
+
+    Query: ClassVar[Any] = Query
+    server = "MySQL"
 
     def __init__(self, target: Target, sql: Statements, connect_timeout: float, socket_timeout: float,
                  keepalive: float, where: Callable[[], str], check_proxy: bool = True) -> None:
@@ -54,61 +59,19 @@ class Executor:
         self.ready = False                     # the tables exist (made on the first connection)
         self.mariadb: bool | None = None       # the server's flavour, once a connection said it
 
-    def do(self, op: Any) -> Any:
-        """Do ``op``, blocking."""
-        if type(op) is Query:
-            conn = op.conn
-            ex = conn.pending = Exchange(conn.wire.query(op.sql.encode()))
-            try:
-                result: Any = drive(ex, op.end)
-            except BaseException as exc:
-                self.failed(conn, exc)
-                raise
-            conn.pending = None
-            conn.answered = True
-            return result
-        if type(op) is Open:
-            return self.open(op.end)
-        if type(op) is Wait:
-            return op.mailbox.wait(op.timeout)
-        if type(op) is Claim:
-            if not op.conn.busy.acquire(timeout=max(0.0, op.end - time.monotonic())):
-                raise NoAnswer("the connection stayed busy")
-            return None
-        raise TypeError(f"not an operation of the MySQL engine: {op!r}")
+    def query_io(self, op: Query) -> Any:
+        return op.conn.wire.query(op.sql.encode())
 
-    async def ado(self, op: Any) -> Any:
-        """Do ``op`` on the running event loop (opening a connection in a worker thread: it is
-        PyMySQL's handshake, rare, and bounded by its deadline)."""
-        if type(op) is Query:
-            conn = op.conn
-            ex = conn.pending = Exchange(conn.wire.query(op.sql.encode()))
-            try:
-                result: Any = await adrive(ex, op.end)
-            except asyncio.CancelledError:
-                raise                              # the exchange stays pending: the steps end it
-            except BaseException as exc:
-                self.failed(conn, exc)
-                raise
-            conn.pending = None
-            conn.answered = True
-            return result
-        if type(op) is Open:
-            return await self.aopen(op.end)
-        if type(op) is Wait:
-            return await op.mailbox.await_(op.timeout)
-        if type(op) is Claim:
-            while not op.conn.busy.acquire(blocking=False):     # the watchdog's heartbeat: short
-                if time.monotonic() > op.end:
-                    raise NoAnswer("the connection stayed busy")
-                await asyncio.sleep(0.001)
-            return None
-        raise TypeError(f"not an operation of the MySQL engine: {op!r}")
+    def gone(self, exc: BaseException) -> bool:
+        return isinstance(exc, Broken) or (isinstance(exc, ServerError) and exc.errno in GONE)
+
+    def answered(self, exc: BaseException) -> bool:
+        return isinstance(exc, ServerError)
 
     async def aopen(self, end: float) -> Conn:
-        """:meth:`open` in a thread of its own (not the loop's shared executor, where it could
-        queue behind others past its deadline); a connection that arrives after the task
-        was cancelled is closed."""
+        """:meth:`open` in a thread of its own: it is PyMySQL's handshake, rare, and bounded by
+        its deadline (not in the loop's shared executor, where it could queue behind others
+        past its deadline); a connection that arrives after the task was cancelled is closed."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Conn] = loop.create_future()
 
@@ -133,20 +96,6 @@ class Executor:
                     conn.close()
         threading.Thread(target=run, name="ylock-mysql-connect", daemon=True).start()
         return await future
-
-    @staticmethod
-    def failed(conn: Conn, exc: BaseException) -> None:
-        """An exchange failed: decide whether the connection can still be used."""
-        if isinstance(exc, NoAnswer):
-            conn.cut = True
-            conn.close()                           # in the middle of a message: useless
-        elif isinstance(exc, Broken) or (isinstance(exc, ServerError) and exc.errno in GONE):
-            conn.close()
-        elif isinstance(exc, ServerError):
-            conn.pending = None                    # an error answer: the connection is fine
-            conn.answered = True
-        else:
-            conn.close()                           # interrupted (KeyboardInterrupt...) or a bug
 
     def open(self, end: float) -> Conn:
         """Connect (within ``end``) and set the session up; on the engine's first connection

@@ -1,4 +1,4 @@
-"""What the MySQL engine's locks look like from outside, and holds that change hands.
+"""What the MySQL engine's locks look like from outside.
 
 ``describe`` reads two things in one round trip: the live rows of the holds table (a row
 whose mark is free is a dead holder's and is left out), and the process list's waiting
@@ -15,13 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, WRITE, LockInfo, Steps, holder_context
-from ylock.engines.mysql.connection import Conn, Hold
-from ylock.engines.mysql.ops import Claim, Query
-from ylock.engines.mysql.pool import Pool
-from ylock.engines.mysql.sql import Statements
+from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, WRITE, LockInfo, holder_context
 from ylock.engines.mysql.wire import Row
-from ylock.errors import EngineUnavailable, LockError
 
 
 def _text(value: bytes | None) -> str:
@@ -86,24 +81,3 @@ def lock_infos(holds: Sequence[Row], processes: Sequence[Row], group: str | None
                               tuple(f"{w.get('m')}:{w.get('o')}" for w in entry["waiters"]), None, token, LOCK,
                               None, context))
     return [i for i in infos if i.kind in (LOCK, SEMAPHORE)]
-
-
-def adopt_steps(pool: Pool, sql: Statements, conn: Conn, hold: Hold, token: int, socket_timeout: float) -> Steps:
-    """Hand ``conn`` (taken out of the pool's table) to ``hold.owner``: its row says who holds
-    it. Return False if its session had ended (its lease ran out: nobody renews a detached
-    hold), the hold with it."""
-    end = time.monotonic() + socket_timeout
-    yield Claim(conn, end)
-    try:
-        results = yield Query(conn, sql.adopt(token, hold.owner), end)
-    except (EngineUnavailable, LockError):
-        pool.checkin(conn)
-        return False
-    if results[-1][0][0] != b"1":
-        pool.checkin(conn)
-        return False
-    conn.hold = hold
-    pool.held[hold] = conn
-    conn.busy.release()
-    return True
-

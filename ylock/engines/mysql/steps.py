@@ -20,27 +20,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import NamedTuple
 
-from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, WRITE, Abandon, AcquireRequest, Steps
+from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, WRITE, AcquireRequest, Steps
 from ylock.engines.mysql.connection import Conn, Hold
-from ylock.engines.mysql.ops import Claim, Query
-from ylock.engines.mysql.pool import Pool
+from ylock.engines.mysql.ops import Query
 from ylock.engines.mysql.sql import Row, Statements, comment, lock_key
+from ylock.engines.sessions.pool import Pool
+from ylock.engines.sessions.steps import Attempt, SessionSteps
 from ylock.errors import EngineUnavailable, LockError
-
-
-class Attempt(NamedTuple):
-    """How one acquisition attempt ended: its ``token`` (None: not granted), and whether the
-    session may hold something of it (``dirty``: a turnstile or queue, a mark) to give back."""
-
-    token: int | None
-    dirty: bool
-
-
-def kind_of(mode: str) -> str:
-    """Return what a hold in ``mode`` is of: a semaphore (a permit) or a lock."""
-    return SEMAPHORE if mode == PERMIT else LOCK
 
 
 def _holds(listed: bytes | None) -> list[tuple[int, str, bool]]:
@@ -53,76 +40,30 @@ def _holds(listed: bytes | None) -> list[tuple[int, str, bool]]:
     return out
 
 
-class HoldSteps:
+class HoldSteps(SessionSteps[Conn]):
     """The steps of one engine's holds: its statements, key space and pool."""
 
-    def __init__(self, pool: Pool, sql: Statements, *, prefix: str, database: str, socket_timeout: float,
+    def __init__(self, pool: Pool[Conn], sql: Statements, *, prefix: str, database: str, socket_timeout: float,
                  where: Callable[[], str]) -> None:
-        self.pool = pool
+        super().__init__(pool, socket_timeout=socket_timeout, where=where)
         self.sql = sql
         self.prefix = prefix
         self.database = database
-        self.socket_timeout = socket_timeout
-        self.where = where
 
     def key(self, kind: str, group: str, name: str) -> str:
         return lock_key(self.prefix, self.database, kind, group, name)
 
     # -- acquiring --------------------------------------------------------------------------------
 
-    def acquire(self, r: AcquireRequest) -> Steps:
-        """Acquire ``r``: its token, or None when not granted within its deadline."""
-        kind = kind_of(r.mode)
-        hold = Hold(r.group, r.name, r.owner, kind)
-        bound = self.pool.held.get(hold)
-        if bound is not None:
-            if r.mode == READ and bound.modes == {WRITE}:
-                # A downgrade: the writer's turnstile keeps everyone out, so its read lock
-                # needs nothing of the server until the write lock is released.
-                bound.modes.add(READ)
-                return bound.token
-            raise LockError(f"{r.owner} already holds {'/'.join(sorted(bound.modes))} here", group=r.group,
-                            name=r.name)
-        conn: Conn | None = yield from self.pool.checkout(r.deadline)
-        assert conn is not None
-        try:
-            while True:
-                try:
-                    attempt = yield from (self._lock(conn, r, hold) if kind == LOCK else self._permit(conn, r, hold))
-                except EngineUnavailable:
-                    if conn.reused and not conn.answered and conn.broken and not conn.cut:
-                        # A pooled connection that died while idle (a restart, wait_timeout): once
-                        # more on a new one.
-                        self.pool.checkin(conn)
-                        conn = None
-                        conn = yield from self.pool.checkout(r.deadline)
-                        continue
-                    raise
-                if attempt.token is None:
-                    if attempt.dirty:
-                        yield from self.give_back(conn)
-                    else:
-                        self.pool.checkin(conn)
-                conn = None
-                return attempt.token
-        except GeneratorExit:
-            if conn is not None:
-                self.pool.discard(conn)
-            raise
-        except Abandon:
-            if conn is not None:
-                yield from self.kill(conn)
-            raise
-        except BaseException:
-            if conn is not None:
-                if conn.pending is not None:
-                    conn.close()
-                yield from self.give_back(conn)
-            raise
+    def downgrade(self, conn: Conn, r: AcquireRequest) -> Steps:
+        """The writer's turnstile keeps everyone out, so its read lock needs nothing of the
+        server until the write lock is released."""
+        conn.modes.add(READ)
+        return conn.token
+        yield  # a generator, with no round trip
 
-    def _end(self, deadline: float | None) -> float | None:
-        """The client's deadline of an exchange: the call's deadline plus one socket timeout."""
-        return None if deadline is None else max(deadline, time.monotonic()) + self.socket_timeout
+    def abandon(self, conn: Conn, r: AcquireRequest, kind: str) -> Steps:
+        return (yield from self.kill(conn))
 
     @staticmethod
     def _left(deadline: float | None) -> float | None:
@@ -154,7 +95,7 @@ class HoldSteps:
             return Attempt(None, False)        # not granted in time: the session holds nothing
         if token is None:
             return Attempt(None, True)         # readers stayed past the deadline: give back the turnstile
-        conn.lk, conn.kx, conn.mark = lk, kx, row.mark
+        conn.lk, conn.kx, conn.mark, conn.lease_set = lk, kx, row.mark, True
         self.pool.bind(conn, hold, r.mode, int(token))
         return Attempt(int(token), False)
 
@@ -191,11 +132,11 @@ class HoldSteps:
             sql += "SET @ylock_ok = 1;\n" + self.sql.permit_attempt(row, kq, None, r.lease, said, head=True)
             results = yield Query(conn, sql, self._end(r.deadline))
             _, token, _, holders = results[-2][0]
-        conn.lk, conn.kx, conn.mark = lk, kq, row.mark
+        conn.lk, conn.kx, conn.mark, conn.lease_set = lk, kq, row.mark, True
         self.pool.bind(conn, hold, PERMIT, int(token))
         return Attempt(int(token), False)
 
-    def give_back(self, conn: Conn) -> Steps:
+    def give_back(self, conn: Conn, r: AcquireRequest | None = None, kind: str = LOCK) -> Steps:
         """After a failed, timed-out or abandoned acquisition: let go of whatever the session
         holds (a grant can race with the failure), then pool the connection. One that cannot
         be cleaned is closed: the server drops its locks."""
@@ -229,36 +170,20 @@ class HoldSteps:
 
     # -- releasing --------------------------------------------------------------------------------
 
-    def release(self, group: str, name: str, owner: str, mode: str) -> Steps:
-        """Release ``owner``'s hold in ``mode``: True if it was still held."""
-        kind = kind_of(mode)
-        conn = self.pool.held.get(Hold(group, name, owner, kind))
-        if conn is None or mode not in conn.modes:
-            return False
-        end = time.monotonic() + self.socket_timeout
-        last = len(conn.modes) == 1
-        if not conn.busy.acquire(blocking=False):
-            yield Claim(conn, end)                 # a heartbeat is on it: wait (one round trip at most)
-        try:
-            if conn.broken:
-                return False
-            if not last and mode == READ:
-                return True                        # a writer's read lock: within its turnstile
-            try:
-                if not last:                       # the write lock of a writer that also reads
-                    results = yield Query(conn, self.sql.downgraded(conn.token, conn.kx), end)
-                    return bool(results[-1][0][0] == b"1")
-                kx = conn.kx if mode == WRITE else None
-                results = yield Query(conn, self.sql.release(conn.token, conn.mark, kx), end)
-                conn.lease_set = False
-            except EngineUnavailable:
-                if conn.cut:
-                    raise                          # no answer: we closed it; the server frees the lock on noticing
-                return False                       # the server had ended the session: the lock was gone
-            return bool(results[1][0][0] == b"1")
-        finally:
-            conn.modes.discard(mode)
-            if last or conn.broken:
-                self.pool.checkin(conn)
-            else:
-                conn.busy.release()
+    def _release(self, conn: Conn, kind: str, mode: str, last: bool, end: float) -> Steps:
+        if not last and mode == READ:
+            return True                            # a writer's read lock: within its turnstile
+        if not last:                               # the write lock of a writer that also reads
+            results = yield Query(conn, self.sql.downgraded(conn.token, conn.kx), end)
+            return bool(results[-1][0][0] == b"1")
+        kx = conn.kx if mode == WRITE else None
+        results = yield Query(conn, self.sql.release(conn.token, conn.mark, kx), end)
+        conn.lease_set = False
+        return bool(results[1][0][0] == b"1")
+
+    # -- tickets ----------------------------------------------------------------------------------
+
+    def _adopted(self, conn: Conn, hold: Hold, token: int, end: float) -> Steps:
+        """The hold's row says who holds it."""
+        results = yield Query(conn, self.sql.adopt(token, hold.owner), end)
+        return results[-1][0][0] == b"1"

@@ -97,10 +97,11 @@ at most 2 × ``max_connections`` entries of the server's shared lock table (size
 The modules, by concern: :mod:`~.engine` (the engine protocol, options, error
 translation), :mod:`~.steps` (acquire, downgrade, release, give back: generators of
 :mod:`~.ops` operations), :mod:`~.executor` (does them, blocking or awaited),
-:mod:`~.pool` (the connections, the held table, heartbeats), :mod:`~.connection` (one
-connection, its settings), :mod:`~.wire` (libpq without blocking, with deadlines),
-:mod:`~.sql` (the statements and keys), :mod:`~.inspection` (describe, adopt),
-:mod:`~.poolers` (poolers and proxies in between).
+:mod:`~.connection` (one connection, its settings), :mod:`~.wire` (libpq without blocking,
+with deadlines), :mod:`~.sql` (the statements and keys), :mod:`~.inspection` (describe),
+:mod:`~.poolers` (poolers and proxies in between). The pool of connections, the held table
+and the heartbeats, and the frames of the engine, its steps and its executor, are the
+session engines' (:mod:`ylock.engines.sessions`), shared with the MySQL engine.
 """
 from __future__ import annotations
 

@@ -6,51 +6,34 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import threading
 import time
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ylock import options as opt
-from ylock.engines.postgres.wire import Exchange, drive, query_io
+from ylock.engines.postgres.wire import IO, drive, query_io, stale
+from ylock.engines.sessions.connection import Hold, SessionConn, keepalive_timing
 from ylock.errors import ConfigurationError
 
-
-class Hold(NamedTuple):
-    """What a connection carries: one owner's holds (write, read, or a permit) of one lock
-    or semaphore (``kind``). The key of the engine's table of held connections."""
-
-    group: str
-    name: str
-    owner: str
-    kind: str
+__all__ = ["Conn", "Hold", "conninfo", "keepalive_timing", "proxied", "session_settings"]
 
 
-class Conn:
+class Conn(SessionConn):
     """One lock connection: a libpq connection and what it carries (one owner's holds of
     one lock, or nothing while pooled)."""
 
-    __slots__ = ("pg", "pid", "proxied", "busy", "pending", "reused", "answered", "broken", "cut", "hold", "key",
-                 "modes", "token", "listening", "channel", "queue_key")
+    __slots__ = ("pg", "pid", "proxied", "key", "listening", "channel", "queue_key")
 
     def __init__(self, pg: Any, pid: int, proxied: bool | None) -> None:
+        super().__init__()
         self.pg = pg
         self.pid = pid
         self.proxied = proxied
-        self.busy = threading.Lock()          # whoever runs an exchange on it (owner or watchdog)
-        self.pending: Exchange | None = None  # an exchange in flight
-        self.reused = False                   # taken from the idle pool (maybe stale)
-        self.answered = False                 # answered since it was taken
-        self.broken = False                   # unusable: closed or in the middle of a message
-        self.cut = False                      # closed by us: the server did not answer in time
-        self.hold: Hold | None = None         # what it carries
         self.key = 0
-        self.modes: set[str] = set()
-        self.token = 0
         self.listening = False
         self.channel = ""
         self.queue_key = 0
@@ -72,11 +55,20 @@ class Conn:
                 drive(query_io(self.pg, [lambda pg: pg.send_query(b"DISCARD ALL")]), time.monotonic() + timeout)
         self.close()
 
+    def stale(self) -> bool:
+        return stale(self.pg)
 
-def keepalive_timing(keepalive: float) -> tuple[int, int]:
-    """Return the keepalive idle time and probe interval (seconds) that notice a vanished
-    peer within about ``keepalive`` seconds (three probes)."""
-    return max(1, round(keepalive / 2)), max(1, round(keepalive / 6))
+    def heartbeat(self) -> IO[Any]:
+        """A bare Sync message: it resets the session's idle timer (the lease) and proves the
+        session alive, and leaves what ``pg_stat_activity`` shows of it alone."""
+        return query_io(self.pg, [])
+
+    def unbind(self) -> None:
+        super().unbind()
+        self.key = 0
+
+    def reusable(self) -> bool:
+        return not self.broken and self.pending is None and not self.listening
 
 
 def conninfo(url: str, libpq: dict[str, Any], keepalive: float, ours: Iterable[str]) -> tuple[bytes, str, str]:

@@ -1,21 +1,20 @@
-"""The PostgreSQL engine's executors: each operation of :mod:`~ylock.engines.postgres.ops`
-done blocking (:meth:`Executor.do`) or awaited (:meth:`Executor.ado`), on the wire of
-:mod:`~ylock.engines.postgres.wire`; and opening a lock connection."""
+"""The PostgreSQL engine's executor: each operation of :mod:`~ylock.engines.postgres.ops`
+done blocking or awaited (the frame: :class:`~ylock.engines.sessions.executor.SessionExecutor`),
+on the wire of :mod:`~ylock.engines.postgres.wire`; and opening a lock connection."""
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from ylock import options as opt
 from ylock.engines.postgres.connection import Conn, proxied
-from ylock.engines.postgres.ops import Cancel, Claim, Notified, Open, Query, Sleep, Stmt, Wait
+from ylock.engines.postgres.ops import Cancel, Notified, Query, Sleep, Stmt
 from ylock.engines.postgres.poolers import IDENTITY, needs_probe, pooler_error, probe_io, refusal, statement_mode
 from ylock.engines.postgres.sql import PREPARED, WHO, Statements
 from ylock.engines.postgres.wire import (
     Broken,
-    Exchange,
     NoAnswer,
     ServerError,
     adrive,
@@ -25,15 +24,20 @@ from ylock.engines.postgres.wire import (
     notified_io,
     query_io,
 )
+from ylock.engines.sessions.executor import SessionExecutor
 from ylock.errors import ConfigurationError
 
 GONE = ("57P01", "57P02", "57P03", "57P05")    # the server ended the session
 _DUPLICATE = ("23505", "42P07", "42710")       # two first uses created the tables at once
 
 
-class Executor:
+class Executor(SessionExecutor):
     """Do the steps' operations for one engine: its statements (prepared in session scope),
     its connection string and session settings."""
+
+    Query: ClassVar[Any] = Query
+    server = "PostgreSQL"
+    close_on_other_errors = False
 
     def __init__(self, sql: Statements, conninfo: bytes, settings: str, where: Callable[[], str],
                  check_pooler: bool = False) -> None:
@@ -54,27 +58,28 @@ class Executor:
         self.who = (f"SELECT {settings if self.prepared else ''}{WHO}").encode()
         self.ready = False                     # the tables exist (checked on the first connection)
 
-    def do(self, op: Any) -> Any:
-        """Do ``op``, blocking."""
-        if type(op) is Query:
-            conn = op.conn
-            ex = conn.pending = Exchange(query_io(conn.pg, self.sends(op.stmts)))
-            try:
-                result: Any = drive(ex, op.end)
-            except BaseException as exc:
-                self.failed(conn, exc)
-                raise
-            conn.pending = None
-            conn.answered = True
-            return result
-        if type(op) is Open:
-            return drive(self.open_io(), op.end)
-        if type(op) is Wait:
-            return op.mailbox.wait(op.timeout)
-        if type(op) is Claim:
-            if not op.conn.busy.acquire(timeout=max(0.0, op.end - time.monotonic())):
-                raise NoAnswer("the connection stayed busy")
-            return None
+    def query_io(self, op: Query) -> Any:
+        return query_io(op.conn.pg, self.sends(op.stmts))
+
+    def open(self, end: float) -> Conn:
+        return drive(self.open_io(), end)  # type: ignore[no-any-return]
+
+    async def aopen(self, end: float) -> Conn:
+        io = self.open_io()
+        try:
+            return await adrive(io, end)
+        except BaseException:
+            io.close()                         # closes a half-open connection
+            raise
+
+    def gone(self, exc: BaseException) -> bool:
+        return isinstance(exc, Broken) or (isinstance(exc, ServerError) and (exc.fatal or exc.sqlstate in GONE))
+
+    def answered(self, exc: BaseException) -> bool:
+        return isinstance(exc, ServerError)
+
+    def do_other(self, op: Any) -> Any:
+        """Do an operation of this engine's own, blocking: a notification, a cancel, a sleep."""
         if type(op) is Notified:
             try:
                 return drive(notified_io(op.conn.pg), time.monotonic() + op.timeout)
@@ -85,38 +90,10 @@ class Executor:
         if type(op) is Sleep:
             time.sleep(op.seconds)
             return None
-        raise TypeError(f"not an operation of the PostgreSQL engine: {op!r}")
+        return super().do_other(op)
 
-    async def ado(self, op: Any) -> Any:
-        """Do ``op`` on the running event loop."""
-        if type(op) is Query:
-            conn = op.conn
-            ex = conn.pending = Exchange(query_io(conn.pg, self.sends(op.stmts)))
-            try:
-                result: Any = await adrive(ex, op.end)
-            except asyncio.CancelledError:
-                raise                              # the exchange stays pending: the steps cancel it
-            except BaseException as exc:
-                self.failed(conn, exc)
-                raise
-            conn.pending = None
-            conn.answered = True
-            return result
-        if type(op) is Open:
-            io = self.open_io()
-            try:
-                return await adrive(io, op.end)
-            except BaseException:
-                io.close()                         # closes a half-open connection
-                raise
-        if type(op) is Wait:
-            return await op.mailbox.await_(op.timeout)
-        if type(op) is Claim:
-            while not op.conn.busy.acquire(blocking=False):     # the watchdog's heartbeat: short
-                if time.monotonic() > op.end:
-                    raise NoAnswer("the connection stayed busy")
-                await asyncio.sleep(0.001)
-            return None
+    async def ado_other(self, op: Any) -> Any:
+        """:meth:`do_other` on the running event loop."""
         if type(op) is Notified:
             try:
                 return await adrive(notified_io(op.conn.pg), time.monotonic() + op.timeout)
@@ -127,21 +104,7 @@ class Executor:
         if type(op) is Sleep:
             await asyncio.sleep(op.seconds)
             return None
-        raise TypeError(f"not an operation of the PostgreSQL engine: {op!r}")
-
-    @staticmethod
-    def failed(conn: Conn, exc: BaseException) -> None:
-        """An exchange failed: decide whether the connection can still be used."""
-        if isinstance(exc, NoAnswer):
-            conn.cut = True
-            conn.close()                           # in the middle of a message: useless
-        elif isinstance(exc, Broken) or (isinstance(exc, ServerError) and (exc.fatal or exc.sqlstate in GONE)):
-            conn.close()
-        elif isinstance(exc, ServerError):
-            conn.pending = None                    # an error answer: the connection is fine
-            conn.answered = True
-        elif not isinstance(exc, Exception):
-            conn.close()                           # interrupted (KeyboardInterrupt...)
+        return await super().ado_other(op)
 
     def cancel(self, conn: Conn, end: float, run: Callable[..., Any], cancel: bool = True) -> Any:
         """Cancel the exchange in flight on ``conn`` (unless ``cancel`` is False: only finish

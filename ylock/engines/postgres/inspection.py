@@ -1,25 +1,20 @@
-"""What the PostgreSQL engine's locks look like from outside, and holds that change hands.
+"""What the PostgreSQL engine's locks look like from outside.
 
 ``describe`` reads ``pg_locks`` and ``pg_stat_activity``: a key is named through the
 ``<prefix>_names`` table (written on the first use of a name), a holder or waiter through
 its connection's ``application_name`` (``token:owner``, a waiter's ``:owner``; up to 63
 bytes: a longer owner id is cut), what it is doing through the leading comment of the
-statement it ran last, and since when through that statement's start. A ticket's
-adoption hands the hold's connection to its new owner.
+statement it ran last, and since when through that statement's start. (A ticket's
+adoption, which hands the hold's connection to its new owner, is the steps'.)
 """
 from __future__ import annotations
 
 import collections
-import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, WRITE, LockInfo, Steps, holder_context
-from ylock.engines.postgres.connection import Conn, Hold
-from ylock.engines.postgres.ops import Claim, Query, Stmt
-from ylock.engines.postgres.pool import Pool
+from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, WRITE, LockInfo, holder_context
 from ylock.engines.postgres.wire import Row
-from ylock.errors import EngineUnavailable, LockError
 
 
 class Who(NamedTuple):
@@ -100,20 +95,3 @@ def lock_infos(rows: Sequence[Row]) -> list[LockInfo]:
 
 def _text(value: bytes | None) -> str:
     return (value or b"").decode()
-
-
-def adopt_steps(pool: Pool, conn: Conn, hold: Hold, token: int, socket_timeout: float) -> Steps:
-    """Hand ``conn`` (taken out of the pool's table) to ``hold.owner``: its application
-    name says who holds it. Return False if its session had ended, the hold with it."""
-    end = time.monotonic() + socket_timeout
-    yield Claim(conn, end)
-    try:
-        yield Query(conn, [Stmt("SELECT set_config('application_name', $1, false)", [f"{token}:{hold.owner}"])],
-                    end)
-    except (EngineUnavailable, LockError):
-        pool.checkin(conn)                     # its session ended: the hold with it
-        return False
-    conn.hold = hold
-    pool.held[hold] = conn
-    conn.busy.release()
-    return True

@@ -3,15 +3,18 @@
 The engine's lock, semaphore and pool logic is written once, as generators (see
 :func:`ylock.engines.base.run_steps`): they yield an operation and are sent its result.
 The executor (:mod:`~ylock.engines.postgres.executor`) does each operation blocking or
-awaited, so the same steps serve the blocking API and asyncio.
+awaited, so the same steps serve the blocking API and asyncio. ``Open``, ``Wait`` and
+``Claim`` are the session engines' (:mod:`ylock.engines.sessions.ops`).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ylock.engines.base import Mailbox
 from ylock.engines.postgres.connection import Conn
+from ylock.engines.sessions.ops import Claim, Open, Wait
+
+__all__ = ["Cancel", "Claim", "Notified", "Op", "Open", "Query", "Sleep", "Stmt", "Wait"]
 
 
 class Stmt(NamedTuple):
@@ -32,28 +35,6 @@ class Query(NamedTuple):
     conn: Conn
     stmts: Sequence[Stmt]
     end: float | None
-
-
-class Open(NamedTuple):
-    """Open a lock connection and set it up; return it (a :class:`Conn`). Give up at ``end``."""
-
-    end: float
-
-
-class Wait(NamedTuple):
-    """Wait up to ``timeout`` seconds (None: forever) for what ``mailbox`` is handed (a
-    pooled connection given back, or a slot to open one); return it, or None."""
-
-    mailbox: Mailbox
-    timeout: float | None
-
-
-class Claim(NamedTuple):
-    """Take ``conn.busy`` (the watchdog's heartbeat may be on it: one round trip at most);
-    give up at ``end``."""
-
-    conn: Conn
-    end: float
 
 
 class Notified(NamedTuple):

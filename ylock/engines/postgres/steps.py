@@ -2,9 +2,10 @@
 write hold, releasing, and giving back what a failed acquisition may have been granted.
 
 Written once as generators of :mod:`~ylock.engines.postgres.ops` operations, run blocking
-or awaited by the engine. Every wait is bounded twice: on the server (``lock_timeout`` =
-what is left of the caller's timeout) and on the client (each exchange's deadline is the
-timeout plus ``socket_timeout``). A grant can race with a timeout or a cancellation, so
+or awaited by the engine, in the session engines' frame
+(:class:`~ylock.engines.sessions.steps.SessionSteps`). Every wait is bounded twice: on the
+server (``lock_timeout`` = what is left of the caller's timeout) and on the client (each
+exchange's deadline is the timeout plus ``socket_timeout``). A grant can race with a timeout or a cancellation, so
 after a failed or abandoned wait the connection gives back whatever it holds of the key
 before it is reused.
 """
@@ -13,99 +14,38 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
-from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, WRITE, Abandon, AcquireRequest, Steps
+from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, Abandon, AcquireRequest, Steps
 from ylock.engines.postgres.connection import Conn, Hold
 from ylock.engines.postgres.ops import Cancel, Claim, Notified, Query, Sleep, Stmt
-from ylock.engines.postgres.pool import Pool
 from ylock.engines.postgres.poolers import check_session
 from ylock.engines.postgres.sql import advisory_key, channel, halves
+from ylock.engines.sessions.pool import Pool
+from ylock.engines.sessions.steps import Attempt, SessionSteps
 from ylock.errors import EngineUnavailable, LockError, LockTimeout
 
 _INT_MAX = 2**31 - 1
 
 
-class Attempt(NamedTuple):
-    """How one acquisition attempt on a connection ended: its ``token`` (None: not
-    granted), and whether the connection may hold the key anyway (``dirty``: a wait ended
-    by a timeout, which a grant may have raced) and must give it back."""
-
-    token: int | None
-    dirty: bool
-
-
-def kind_of(mode: str) -> str:
-    """Return what a hold in ``mode`` is of: a semaphore (a permit) or a lock."""
-    return SEMAPHORE if mode == PERMIT else LOCK
-
-
-class HoldSteps:
+class HoldSteps(SessionSteps[Conn]):
     """The steps of one engine's holds: its key prefix, scope and pool."""
 
-    def __init__(self, pool: Pool, *, prefix: str, scope: str, socket_timeout: float, app_name: str,
+    def __init__(self, pool: Pool[Conn], *, prefix: str, scope: str, socket_timeout: float, app_name: str,
                  local_settings: str, where: Callable[[], str]) -> None:
-        self.pool = pool
+        super().__init__(pool, socket_timeout=socket_timeout, where=where)
         self.prefix = prefix
         self.xact = scope == "transaction"
-        self.socket_timeout = socket_timeout
         self.app_name = app_name
         self.local_settings = local_settings
-        self.where = where
         self.registered: dict[int, int | None] = {}   # keys named in the names table (semaphores: permits)
 
     # -- acquiring --------------------------------------------------------------------------------------
 
-    def acquire(self, r: AcquireRequest) -> Steps:
-        """Acquire ``r``: its token, or None when not granted within its deadline."""
-        kind = kind_of(r.mode)
-        hold = Hold(r.group, r.name, r.owner, kind)
-        bound = self.pool.held.get(hold)
-        if bound is not None:
-            if r.mode == READ and bound.modes == {WRITE}:
-                return (yield from self.downgrade(bound, r))
-            raise LockError(f"{r.owner} already holds {'/'.join(sorted(bound.modes))} here", group=r.group,
-                            name=r.name)
-        conn: Conn | None = yield from self.pool.checkout(r.deadline)
-        assert conn is not None
-        try:
-            while True:
-                try:
-                    if kind == LOCK:
-                        attempt = yield from self._lock(conn, r, hold)
-                    else:
-                        attempt = yield from self._permit(conn, r, hold)
-                except EngineUnavailable:
-                    if conn.reused and not conn.answered and conn.broken and not conn.cut:
-                        # A pooled connection that died while idle (a server restart): once more
-                        # on a new one.
-                        self.pool.checkin(conn)
-                        conn = None
-                        conn = yield from self.pool.checkout(r.deadline)
-                        continue
-                    raise
-                if attempt.token is None:
-                    if attempt.dirty:              # a wait that ended: the grant may have raced it
-                        yield from self.give_back(conn, r, kind)
-                    else:
-                        self.pool.checkin(conn)
-                conn = None
-                return attempt.token
-        except GeneratorExit:
-            if conn is not None:
-                self.pool.discard(conn)
-            raise
-        except Abandon:
-            if conn is not None:
-                yield Cancel(conn, time.monotonic() + self.socket_timeout)
-                yield from self.give_back(conn, r, kind)
-            raise
-        except BaseException:
-            if conn is not None:
-                if conn.pending is not None:
-                    conn.close()
-                yield from self.give_back(conn, r, kind)
-            raise
+    def abandon(self, conn: Conn, r: AcquireRequest, kind: str) -> Steps:
+        """Cancel the statement in flight, read its end, then give back what it was granted."""
+        yield Cancel(conn, time.monotonic() + self.socket_timeout)
+        yield from self.give_back(conn, r, kind)
 
     def _lease_ms(self, r: AcquireRequest) -> int:
         return max(1, min(_INT_MAX, int(r.lease * 1000)))
@@ -122,14 +62,11 @@ class HoldSteps:
         shared: nothing may outlive the hold on it)."""
         return [Stmt("BEGIN"), Stmt(f"SELECT {self.local_settings}1")]
 
-    def _end(self, deadline: float | None) -> float | None:
-        """Return the client's deadline of an exchange: the call's deadline plus one socket timeout."""
-        return None if deadline is None else max(deadline, time.monotonic()) + self.socket_timeout
-
     def _granted(self, conn: Conn, r: AcquireRequest, hold: Hold, key: int, mode: str, token: int, pid: int) -> None:
         if not self.xact:
             check_session(conn, pid, self.where, r.group, r.name)
-        self.pool.bind(conn, hold, key, mode, token)
+        conn.key = key
+        self.pool.bind(conn, hold, mode, token)
 
     def _lock(self, conn: Conn, r: AcquireRequest, hold: Hold) -> Steps:
         key = advisory_key(self.prefix, LOCK, r.group, r.name)
@@ -286,42 +223,26 @@ class HoldSteps:
 
     # -- releasing --------------------------------------------------------------------------------------
 
-    def release(self, group: str, name: str, owner: str, mode: str) -> Steps:
-        """Release ``owner``'s hold in ``mode``: True if it was still held."""
-        kind = kind_of(mode)
-        conn = self.pool.held.get(Hold(group, name, owner, kind))
-        if conn is None or mode not in conn.modes:
-            return False
-        end = time.monotonic() + self.socket_timeout
-        last = len(conn.modes) == 1
-        if not conn.busy.acquire(blocking=False):
-            yield Claim(conn, end)                 # a heartbeat is on it: wait (one round trip at most)
-        try:
-            if conn.broken:
-                return False
-            stmts: list[Stmt]
-            if self.xact:
-                if not last:
-                    return True                    # a transaction lock is released with the others
-                stmts = [Stmt("SELECT pg_notify($1, '')", [conn.channel])] if kind == SEMAPHORE else []
-                stmts.append(Stmt("COMMIT"))
-            elif kind == SEMAPHORE:
-                stmts = [Stmt("sem_rel", [conn.key, conn.channel, self.app_name])]
-            else:
-                stmts = [Stmt("rel", [conn.key, mode == READ, last, self.app_name])]
-            if conn.listening and last:
-                stmts.append(Stmt("UNLISTEN *"))
-            try:
-                results = yield Query(conn, stmts, end)
-            except EngineUnavailable:
-                if conn.cut:
-                    raise                          # no answer: we closed it; the server frees the lock on noticing
-                return False                       # the server had ended the session: the lock was gone
-            conn.listening = False
-            return self.xact or results[0][0][0] == b"t"
-        finally:
-            conn.modes.discard(mode)
-            if last or conn.broken:
-                self.pool.checkin(conn)
-            else:
-                conn.busy.release()
+    def _release(self, conn: Conn, kind: str, mode: str, last: bool, end: float) -> Steps:
+        stmts: list[Stmt]
+        if self.xact:
+            if not last:
+                return True                        # a transaction lock is released with the others
+            stmts = [Stmt("SELECT pg_notify($1, '')", [conn.channel])] if kind == SEMAPHORE else []
+            stmts.append(Stmt("COMMIT"))
+        elif kind == SEMAPHORE:
+            stmts = [Stmt("sem_rel", [conn.key, conn.channel, self.app_name])]
+        else:
+            stmts = [Stmt("rel", [conn.key, mode == READ, last, self.app_name])]
+        if conn.listening and last:
+            stmts.append(Stmt("UNLISTEN *"))
+        results = yield Query(conn, stmts, end)
+        conn.listening = False
+        return self.xact or results[0][0][0] == b"t"
+
+    # -- tickets ----------------------------------------------------------------------------------------
+
+    def _adopted(self, conn: Conn, hold: Hold, token: int, end: float) -> Steps:
+        """The connection's application name says who holds it."""
+        yield Query(conn, [Stmt("SELECT set_config('application_name', $1, false)", [f"{token}:{hold.owner}"])], end)
+        return True

@@ -20,20 +20,21 @@ ACL_COMMANDS: tuple[str, ...] = (
     # sent by ylock itself
     "evalsha", "script|load", "script|exists",   # the scripts (reloaded after SCRIPT FLUSH or a failover)
     "blpop", "lpush", "pexpire",                 # waiters' blocking pops; the notify hub's wake-up list
-    "scan", "set", "mget", "get",                # describe (SCAN MATCH), published statistics
+    "smembers", "zrangebylex",                   # describe: the index of what is held
+    "set", "mget", "get", "zadd", "zrangebyscore", "zremrangebyscore",    # published statistics, indexed
     "ping", "select",                            # ping(); a database other than 0 in the URL
     # called by the Lua scripts (Redis checks them against the ACL as well)
-    "del", "exists", "hdel", "hget", "hgetall", "hset", "incrby", "lindex", "llen", "lpop", "lpos",
-    "lrange", "lrem", "ltrim", "pttl", "rename", "rpush", "time", "zadd", "zcard", "zrange",
-    "zcount", "zrangebyscore", "zrem", "zremrangebyscore", "zscore",
+    "del", "exists", "hdel", "hget", "hmget", "hset", "lindex", "llen", "lpop", "lpos", "lrange", "lrem",
+    "ltrim", "pttl", "rpush", "sadd", "srem", "time", "zcard", "zrange", "zcount", "zrem", "zscore",
 )
 
 #: Sent only with an option that asks for it: ``WAIT`` with ``wait_replicas``; ``CLIENT
 #: SETNAME`` with redis-py's ``client_name``.
 ACL_OPTIONAL_COMMANDS: tuple[str, ...] = ("wait", "client|setname")
 
-#: What redis-py adds on Redis Cluster: the slot map and the command table it routes with.
-ACL_CLUSTER_COMMANDS: tuple[str, ...] = ("cluster|slots", "cluster|shards", "command")
+#: What a Cluster adds: the slot map and the command table redis-py routes with, and
+#: ``ASKING`` (a command sent to the target of a slot being migrated, after ``ASK``).
+ACL_CLUSTER_COMMANDS: tuple[str, ...] = ("cluster|slots", "cluster|shards", "command", "asking")
 
 #: What redis-py asks the sentinels (their own ACL users, if they have any).
 ACL_SENTINEL_COMMANDS: tuple[str, ...] = ("sentinel|masters", "sentinel|slaves", "sentinel|replicas",

@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from ylock.engines.redis.calls import AsyncDirectCalls
-from ylock.engines.redis.cluster import async_cluster_call
+from ylock.engines.redis.cluster import AsyncClusterCalls
 from ylock.engines.redis.hubs import NotifyHub
 from ylock.engines.redis.parts import EngineParts
 from ylock.owner import check_fork
@@ -41,6 +41,8 @@ class AsyncSide:
         """Close every connection of the side (in its loop)."""
         if self.hub is not None:
             await self.hub.aclose()
+        if isinstance(self.calls, AsyncClusterCalls):
+            await self.calls.aclose()
         pool = getattr(self.client, "connection_pool", None)
         with contextlib.suppress(Exception):
             if pool is not None:
@@ -49,8 +51,12 @@ class AsyncSide:
 
     def close_now(self) -> None:
         """Close the side's sockets without its loop (which is closed: nothing can run in it)."""
-        pool = getattr(self.client, "connection_pool", None)
-        if pool is not None:
+        pools = [getattr(self.client, "connection_pool", None)]
+        if isinstance(self.calls, AsyncClusterCalls):
+            pools += [client.connection_pool for client in self.calls.clients]
+        for pool in pools:
+            if pool is None:
+                continue
             connections = [*getattr(pool, "_available_connections", ()), *getattr(pool, "_in_use_connections", ())]
             for conn in connections:
                 _close_socket(conn)
@@ -90,8 +96,9 @@ async def open_side(engine: EngineParts) -> AsyncSide:
     engine.client  # noqa: B018 - registers the scripts (their SHAs) once
     client = engine.clients.build_async()
     pool = getattr(client, "connection_pool", None)
-    if pool is None:        # Cluster: redis-py routes; no shared BLPOP (no multi-key BLPOP across slots)
-        side = AsyncSide(client, async_cluster_call(client), None)
+    if pool is None:        # Cluster: routed per slot; no shared BLPOP (no multi-key BLPOP across slots)
+        side = AsyncSide(client, AsyncClusterCalls(engine.client, engine.socket_timeout,
+                                                   engine.clients.build_async_node), None)
     else:
         calls = AsyncDirectCalls(pool)
         hub = NotifyHub(pool, calls, engine.keys.wake(), engine._refusals) if engine.notify else None

@@ -17,7 +17,7 @@ from ylock.engines.redis.calls import AsyncDirectCalls
 from ylock.engines.redis.cluster import acluster_script_wait
 from ylock.engines.redis.hubs import BLPOP_REFUSED, refused
 from ylock.engines.redis.scripts import ACQUIRE, RELEASE, release_args
-from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps, queued_too_late
+from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps, not_run, queued_too_late
 
 __all__ = ["AsyncVerbs"]
 
@@ -32,9 +32,11 @@ class AsyncVerbs(_Engine):
 
     async def aacquire(self, request: AcquireRequest) -> int | None:
         r = request
-        key, args = self._request(r)
+        keys, args = self._request(r)
         loop = asyncio.get_running_loop()
         side = self._async.get(loop) or await open_side(self)
+        if side.hub is not None:
+            args[6] = side.hub.hub_id            # grants go to the loop's hub (see NotifyHub)
         reply = None
         if not self.wait_replicas and (r.deadline is None or time.monotonic() < r.deadline):
             # The first try awaited here, as :meth:`acquire` does it: an uncontended lock costs
@@ -46,42 +48,45 @@ class AsyncVerbs(_Engine):
             try:
                 try:        # _arun's call, in this coroutine (one coroutine less per acquisition)
                     end = time.monotonic() + self.socket_timeout
-                    reply = await side.calls("EVALSHA", script.sha, 1, key, *args, end=end)
+                    reply = await side.calls("EVALSHA", script.sha, len(keys), *keys, *args, end=end)
                 except rex.NoScriptError:
-                    reply = await self._areload(side, ACQUIRE[r.mode], key, args, end)
+                    reply = await self._areload(side, ACQUIRE[r.mode], keys, args, end)
             except asyncio.CancelledError:
-                await self._abandon_first(side, r, key, args)
+                await self._abandon_first(side, r, keys, args)
                 raise
             except Exception as exc:
-                raise self._translate(exc, r.group, r.name) from exc
+                # A try that did not run (a slot migration, a congested pool) outlasted its time:
+                # the steps try again until the deadline.
+                if not (not_run(exc) and (r.deadline is None or time.monotonic() < r.deadline)):
+                    raise self._translate(exc, r.group, r.name) from exc
             if cancelling(task) > cancels:
-                await self._abandon_first(side, r, key, args)
+                await self._abandon_first(side, r, keys, args)
                 raise asyncio.CancelledError
             if reply.__class__ is int:
                 return reply
-            if queued_too_late(r, reply):
-                await self._abandon_first(side, r, key, args)
+            if reply is not None and queued_too_late(r, reply):
+                await self._abandon_first(side, r, keys, args)
                 return None
-        return await arun_steps(acquire_steps(self, r, key, args, reply),  # type: ignore[no-any-return]
+        return await arun_steps(acquire_steps(self, r, keys, args, reply),  # type: ignore[no-any-return]
                                 functools.partial(self._ado, side), lambda exc: self._translate(exc, r.group, r.name))
 
-    async def _abandon_first(self, side: AsyncSide, r: AcquireRequest, key: str, args: list[Any]) -> None:
+    async def _abandon_first(self, side: AsyncSide, r: AcquireRequest, keys: tuple[str, ...], args: list[Any]) -> None:
         """Leave the queue and give back a grant after a first try whose task was cancelled
         (the steps' own clean-up: see :func:`abandon_first`)."""
-        await abandon_first(acquire_steps(self, r, key, args, None), functools.partial(self._ado, side),
+        await abandon_first(acquire_steps(self, r, keys, args, None), functools.partial(self._ado, side),
                             lambda exc: self._translate(exc, r.group, r.name))
 
     async def arelease(self, group: str, name: str, owner: str, mode: str) -> bool:
         side = self._async.get(asyncio.get_running_loop()) or await open_side(self)
-        key = self._x_keys.get((group, name, mode)) or self._x(group, name, mode)     # see _x_keys
+        keys = self._lock_keys.get((group, name, mode)) or self._keys_of(group, name, mode)     # see _lock_keys
         args = release_args(owner, mode)
         script = self._scripts[RELEASE[mode]]
         try:
             try:            # _arun's call, in this coroutine (see aacquire)
                 end = time.monotonic() + self.socket_timeout
-                reply = await side.calls("EVALSHA", script.sha, 1, key, *args, end=end)
+                reply = await side.calls("EVALSHA", script.sha, len(keys), *keys, *args, end=end)
             except rex.NoScriptError:
-                reply = await self._areload(side, RELEASE[mode], key, args, end)
+                reply = await self._areload(side, RELEASE[mode], keys, args, end)
         except Exception as exc:
             raise self._translate(exc, group, name) from exc
         return self._released(group, name, reply)
@@ -90,12 +95,12 @@ class AsyncVerbs(_Engine):
         """Do one operation of the steps, awaiting it (the asyncio world's executor)."""
         if isinstance(op, Acquire):
             if not self.wait_replicas:
-                return await self._arun(side, op.script, op.key, op.args, op.end), 0
+                return await self._arun(side, op.script, op.keys, op.args, op.end), 0
             if self.kind == "redis+cluster":
-                return await acluster_script_wait(side.client, self._scripts[op.script], op.key, op.args,
+                return await acluster_script_wait(side.client, self._scripts[op.script], op.keys, op.args,
                                                   self.wait_replicas, self.wait_timeout_ms)
             pipe = side.client.pipeline(transaction=False)
-            pipe.evalsha(self._scripts[op.script].sha, 1, op.key, *op.args)
+            pipe.evalsha(self._scripts[op.script].sha, len(op.keys), *op.keys, *op.args)
             pipe.wait(self.wait_replicas, self.wait_timeout_ms)
             reply, acked = await pipe.execute()
             return reply, int(acked)
@@ -120,18 +125,19 @@ class AsyncVerbs(_Engine):
             finally:
                 side.pops += 1
         if isinstance(op, Release):
-            return await self._arun(side, op.script, op.key, op.args, op.end)
+            return await self._arun(side, op.script, op.keys, op.args, op.end)
         await asyncio.sleep(op.seconds)
         return None
 
-    async def _arun(self, side: AsyncSide, name: str, key: str, args: list[Any], end: float | None) -> Any:
+    async def _arun(self, side: AsyncSide, name: str, keys: tuple[str, ...], args: list[Any], end: float | None) -> Any:
         script = self._scripts[name]
         try:
-            return await side.calls("EVALSHA", script.sha, 1, key, *args, end=end)
+            return await side.calls("EVALSHA", script.sha, len(keys), *keys, *args, end=end)
         except rex.NoScriptError:
-            return await self._areload(side, name, key, args, end)
+            return await self._areload(side, name, keys, args, end)
 
-    async def _areload(self, side: AsyncSide, name: str, key: str, args: list[Any], end: float | None) -> Any:
+    async def _areload(self, side: AsyncSide, name: str, keys: tuple[str, ...], args: list[Any],
+                       end: float | None) -> Any:
         """Load a script the server answered ``NOSCRIPT`` for (a restart, a failover, SCRIPT
         FLUSH) and run it again."""
         script = self._scripts[name]
@@ -140,4 +146,4 @@ class AsyncVerbs(_Engine):
             script.sha = sha.decode() if isinstance(sha, bytes) else sha
         else:
             script.sha = await side.client.script_load(script.script)
-        return await side.calls("EVALSHA", script.sha, 1, key, *args, end=end)
+        return await side.calls("EVALSHA", script.sha, len(keys), *keys, *args, end=end)

@@ -51,15 +51,17 @@ import collections
 import contextlib
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import redis.exceptions as rex
 
 from ylock.engines.redis.asockets import aread, awrite, exchange
+from ylock.engines.redis.resp import pack as pack_command
 from ylock.engines.redis.resp import packer
 from ylock.engines.redis.sockets import raise_first_error, read_all, reader, send, write
 
-__all__ = ["AsyncDirectCalls", "DirectCalls", "RESERVE", "lock_path_share"]
+__all__ = ["AsyncDirectCalls", "DirectCalls", "PoolBusy", "RESERVE", "lock_path_share"]
 
 #: Connections of a pool that the lock path leaves to the client's own calls, at most.
 RESERVE = 8
@@ -140,9 +142,15 @@ class _Calls:
             return rex.ConnectionError(f"the server refused to set up the connection: {exc}")
         return None
 
-    def _busy(self) -> rex.ConnectionError:
-        return rex.ConnectionError(f"all {self.share} connections of the lock path stayed busy for the call's "
-                                   "whole time (raise max_connections?)")
+    def _busy(self) -> PoolBusy:
+        return PoolBusy(f"all {self.share} connections of the lock path stayed busy for the call's "
+                        "whole time (raise max_connections?)")
+
+
+class PoolBusy(rex.ConnectionError):
+    """No connection of the lock path came free within a call's time: the process's own
+    congestion (a thousand tasks of one event loop trying at once), not the server's. The
+    command was not sent, so an acquisition may try again within its deadline."""
 
 
 class DirectCalls(_Calls):
@@ -187,22 +195,34 @@ class DirectCalls(_Calls):
         """Send ``commands`` in one round trip (pipelined, not a transaction) and return
         their raw replies; an error reply raises (after the rest are read). Best effort:
         no reconnection (its users can do without a lost one)."""
+        return raise_first_error(self.pipeline(commands, end))
+
+    def pipeline(self, commands: Sequence[tuple[Any, ...]], end: float | None = None,
+                 packed: bytes | None = None) -> list[Any]:
+        """:meth:`many` that returns every reply, an error reply as its exception (the
+        watchdog's renewals: each reply is one hold's). ``packed``: the commands packed
+        already as :func:`~ylock.engines.redis.resp.pack` packs them, sent as they are on a
+        connection that packs so (else ``commands`` are packed for it)."""
         try:
             conn = self.idle.pop()
         except IndexError:
             conn = self.checkout(end)
         self._refresh(conn)
         try:
-            send(conn, commands[0], end)
-            for args in commands[1:]:
-                write(conn, conn.ylock_pack(*args))
+            if packed is not None and conn.ylock_pack is pack_command:
+                send(conn, (), end, [packed])
+            else:
+                send(conn, commands[0], end)
+                if len(commands) > 1:
+                    pack = conn.ylock_pack
+                    write(conn, [b"".join([part for args in commands[1:] for part in pack(*args)])])
             replies = read_all(conn.ylock_read, len(commands))
         except BaseException:
             conn.disconnect()
             self.checkin(conn)
             raise
         self.checkin(conn)
-        return raise_first_error(replies)
+        return replies
 
     def _refresh(self, conn: Any) -> None:
         """Reconnect ``conn`` before its use if it is stale (see :meth:`_Calls._stale`)."""

@@ -247,6 +247,18 @@ class Clients:
         return sentinel.master_for(segments[0], db=db, username=username, password=password,
                                    **{**options, **self._tls_options()})
 
+    def build_async_node(self, host: str, port: int) -> Any:
+        """Return a ``redis.asyncio`` client of one Cluster node (the lock path's own
+        connections to it in one event loop: see :class:`~ylock.engines.redis.cluster.AsyncClusterCalls`)."""
+        import redis.asyncio as aredis
+        from redis.asyncio.retry import Retry as AsyncRetry
+
+        parts = urlsplit(self.url)
+        options = {**self._common_options(), **self._tls_options(),
+                   "retry": AsyncRetry(NoBackoff(), 1, supported_errors=(rex.ConnectionError,))}
+        return aredis.Redis(host=host, port=port, username=unquote(parts.username) if parts.username else None,
+                            password=unquote(parts.password) if parts.password else None, **options)
+
     def check(self) -> None:
         """Raise ConfigurationError for an option the client would only reject on first use."""
         # redis-py builds clients without connecting, except Cluster's (which drops the

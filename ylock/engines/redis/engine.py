@@ -61,6 +61,7 @@ from ylock.engines.base import (
     WRITE,
     AcquireRequest,
     Engine,
+    Listing,
     LockInfo,
     RenewItem,
     run_abandon_first,
@@ -71,18 +72,18 @@ from ylock.engines.redis.aio import AsyncSide
 from ylock.engines.redis.averbs import AsyncVerbs
 from ylock.engines.redis.calls import DirectCalls
 from ylock.engines.redis.clients import Clients, split_url
-from ylock.engines.redis.cluster import cluster_call, cluster_script_wait
+from ylock.engines.redis.cluster import ClusterCalls, cluster_script_wait
 from ylock.engines.redis.hubs import Refusals, ThreadNotifyHub
 from ylock.engines.redis.keys import Keys
 from ylock.engines.redis.scripts import ACQUIRE, FIRST_TRY, FIRST_TRY_HOLDERS, RELEASE, Released, release_args
-from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps, queued_too_late
+from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps, not_run, queued_too_late
 from ylock.errors import ConfigurationError, EngineUnavailable, LockError
 from ylock.owner import _new_process, _same_process, check_fork
 
 logger = logging.getLogger(__name__)
 
 
-#: How many x keys an engine keeps built (see ``RedisEngine._x_keys``).
+#: How many locks' key lists an engine keeps built (see ``RedisEngine._lock_keys``).
 X_KEYS = 4096
 
 
@@ -120,11 +121,12 @@ class RedisEngine(AsyncVerbs, Engine):
         self.url = url
         self.kind = self.clients.kind
         self.prefix = prefix
-        self.keys = Keys(prefix)
-        #: The x keys of the locks in use, by (group, name, mode): every acquire and release
-        #: needs one, and a dict look-up costs a fraction of building it (Keys.x). Emptied
-        #: when it grows past X_KEYS (names made per request must not grow it for ever).
-        self._x_keys: dict[tuple[str, str, str], str] = {}
+        self.keys = Keys(prefix, cluster=self.kind == "redis+cluster")
+        #: The keys of the locks in use (what their scripts declare), by (group, name, mode):
+        #: every acquire and release needs them, and a dict look-up costs a fraction of
+        #: building them (Keys.lock). Emptied when it grows past X_KEYS (names made per
+        #: request must not grow it for ever).
+        self._lock_keys: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self.notify = opt.boolean(notify, f"{where} notify", code=opt.E_ENGINE_URL)
         self.fence_retention_ms = int(retention * 1000)
         self.wait_timeout_ms = int(wait * 1000)
@@ -132,8 +134,10 @@ class RedisEngine(AsyncVerbs, Engine):
         self.renew_chunk = renew_chunk
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
-        self._call: Any = None     # DirectCalls, or the client's execute_command on Cluster
+        self._call: Any = None     # DirectCalls, or ClusterCalls on a Cluster
         self._hub: ThreadNotifyHub | None = None     # where threads wait for grants (not on Cluster)
+        self._renew_calls: DirectCalls | None = None  # the watchdog's connection (see renewal.py)
+        self._inspect_calls: DirectCalls | None = None    # the listings' (see inspection.py)
         self._refusals = Refusals()      # commands the server refused us (an ACL), logged once
         self._init_lock = threading.Lock()
         self._async: dict[asyncio.AbstractEventLoop, AsyncSide] = {}
@@ -165,7 +169,7 @@ class RedisEngine(AsyncVerbs, Engine):
                                      for name, src in scripts.SOURCES.items()}
                     pool = getattr(client, "connection_pool", None)
                     if pool is None:
-                        self._call, self._hub = cluster_call(client), None
+                        self._call, self._hub = ClusterCalls(client, self.socket_timeout), None
                     else:
                         self._call = DirectCalls(pool)
                         self._hub = (ThreadNotifyHub(self._call, self.keys.wake(), self._refusals)
@@ -175,7 +179,7 @@ class RedisEngine(AsyncVerbs, Engine):
         return client
 
     def _fill(self, template: str) -> str:
-        return scripts.fill(template, self.fence_retention_ms, self.barge_window_ms)
+        return scripts.fill(template, self.fence_retention_ms, self.barge_window_ms, self.keys.cluster)
 
     def check_options(self) -> None:
         if self._client is None:
@@ -187,12 +191,14 @@ class RedisEngine(AsyncVerbs, Engine):
         self._client = None
         self._call = None
         self._hub = None
+        self._renew_calls = self._inspect_calls = None
         self._init_lock = threading.Lock()
         self._async = {}          # the parent's loops do not run here; their sockets are the parent's
 
     def close(self) -> None:
         client, self._client = self._client, None
         self._call = None
+        self._renew_calls = self._inspect_calls = None
         self._hub = None          # its thread ends when the connections close under it
         if client is not None:
             with contextlib.suppress(Exception):
@@ -222,6 +228,10 @@ class RedisEngine(AsyncVerbs, Engine):
         if isinstance(exc, rex.InvalidResponse):
             return EngineUnavailable(f"the server at {self.url_for_display()} does not answer like Redis "
                                      f"(is the port right?): {exc}", group=group, name=name)
+        if isinstance(exc, rex.TryAgainError):
+            return EngineUnavailable(f"the Redis Cluster slot of this lock is being migrated (its keys are split "
+                                     f"between two nodes: TRYAGAIN) past the call's time: {exc}",
+                                     group=group, name=name)
         if isinstance(exc, (rex.ConnectionError, rex.TimeoutError, rex.BusyLoadingError, rex.ReadOnlyError,
                             rex.ClusterDownError, rex.TryAgainError, rex.MasterDownError, rex.RedisClusterException,
                             OSError)):
@@ -240,72 +250,85 @@ class RedisEngine(AsyncVerbs, Engine):
         with self._errors():
             self.client.ping()
 
+    def cluster_redirections(self) -> dict[str, int]:
+        """How many ``ASK``, ``MOVED`` and ``TRYAGAIN`` replies this process's calls met on a
+        Redis Cluster (slot migrations, failovers), by kind ("ask", "moved", "tryagain", and
+        the renewals' own as "renew ask"...); empty off a Cluster. Each was followed within
+        its call's time (see :mod:`ylock.engines.redis.cluster`)."""
+        call = self._call
+        return dict(getattr(call, "redirections", {}))
+
     # -- ownership ------------------------------------------------------------------------
 
-    def _x(self, group: str, name: str, mode: str) -> str:
-        """``self.keys.x(group, name, mode)``, built once per lock (see :attr:`_x_keys`)."""
-        x_keys = self._x_keys
-        if len(x_keys) >= X_KEYS:
-            x_keys.clear()
-        key = x_keys[group, name, mode] = self.keys.x(group, name, mode)
-        return key
+    def _keys_of(self, group: str, name: str, mode: str) -> tuple[str, ...]:
+        """``self.keys.lock(group, name, mode)``, built once per lock (see :attr:`_lock_keys`)."""
+        lock_keys = self._lock_keys
+        if len(lock_keys) >= X_KEYS:
+            lock_keys.clear()
+        keys = lock_keys[group, name, mode] = self.keys.lock(group, name, mode)
+        return keys
 
-    def _request(self, r: AcquireRequest) -> tuple[str, list[Any]]:
-        """The acquire script's key and arguments for ``r``'s first try (a semaphore's
-        script takes its permit count in the mode's place)."""
+    def _request(self, r: AcquireRequest) -> tuple[tuple[str, ...], list[Any]]:
+        """The acquire script's keys (the lock's, then the owner's notify list) and arguments
+        for ``r``'s first try (a semaphore's script takes its permit count in the mode's place;
+        the last, the notify hub the owner waits through, is the asyncio verbs' to set)."""
         mode = r.mode
-        return (self._x_keys.get((r.group, r.name, mode)) or self._x(r.group, r.name, mode),
+        keys = self._lock_keys.get((r.group, r.name, mode)) or self._keys_of(r.group, r.name, mode)
+        return ((*keys, f"{keys[0][:-2]}:n:{r.owner}"),
                 [r.owner, r.permits if r.mode == PERMIT else r.mode,
                  (FIRST_TRY if r.queued is None else FIRST_TRY_HOLDERS)[r.fair], int(r.lease * 1000),
-                 int(r.polling.waiter_lease * 1000), r.context])
+                 int(r.polling.waiter_lease * 1000), r.context, ""])
 
     def acquire(self, request: AcquireRequest) -> int | None:
         r = request
-        key, args = self._request(r)
+        keys, args = self._request(r)
         reply = None
         if not self.wait_replicas and (r.deadline is None or time.monotonic() < r.deadline):
             # The first try, on its own: an uncontended write comes back as a bare token.
             try:
-                reply = self._run(ACQUIRE[r.mode], key, args, time.monotonic() + self.socket_timeout)
+                reply = self._run(ACQUIRE[r.mode], keys, args, time.monotonic() + self.socket_timeout)
             except Exception as exc:
-                raise self._translate(exc, r.group, r.name) from exc
+                # A try that did not run (a slot migration, a congested pool) outlasted its time:
+                # the steps try again until the deadline.
+                if not (not_run(exc) and (r.deadline is None or time.monotonic() < r.deadline)):
+                    raise self._translate(exc, r.group, r.name) from exc
             if reply.__class__ is int:
                 return reply
-            if queued_too_late(r, reply):
-                run_abandon_first(acquire_steps(self, r, key, args, None), self._do,
+            if reply is not None and queued_too_late(r, reply):
+                run_abandon_first(acquire_steps(self, r, keys, args, None), self._do,
                                   lambda exc: self._translate(exc, r.group, r.name))
                 return None
         try:
-            return run_steps(acquire_steps(self, r, key, args, reply), self._do,  # type: ignore[no-any-return]
+            return run_steps(acquire_steps(self, r, keys, args, reply), self._do,  # type: ignore[no-any-return]
                              lambda exc: self._translate(exc, r.group, r.name))
         finally:
             hub = self._hub
             if hub is not None:
-                hub.leave(Keys.notify(key, r.owner))
+                hub.leave(keys[-1])
 
     def _do(self, op: Acquire | Pop | Release | Sleep) -> Any:
         """Do one operation of the steps, blocking (the sync world's executor)."""
         if isinstance(op, Acquire):
-            return self._acquire_call(op.script, op.key, op.args, op.end)
+            return self._acquire_call(op.script, op.keys, op.args, op.end)
         if isinstance(op, Pop):
             hub = self._hub
             if hub is not None:
                 return hub.pop(op.key, op.block, op.end)
             return (self._call or self._caller())("BLPOP", op.key, op.block, end=op.end)
         if isinstance(op, Release):
-            return self._run(op.script, op.key, op.args, op.end)
+            return self._run(op.script, op.keys, op.args, op.end)
         time.sleep(op.seconds)
         return None
 
-    def _run(self, name: str, key: str, args: list[Any], end: float | None = None) -> Any:
-        """EVALSHA a script with one key by ``end`` (monotonic; None: within the socket
+    def _run(self, name: str, keys: tuple[str, ...], args: list[Any], end: float | None = None) -> Any:
+        """EVALSHA a script with its ``keys`` by ``end`` (monotonic; None: within the socket
         timeout), loading it again if the server lost it (a restart, a failover, SCRIPT FLUSH)."""
         if not _same_process[0]:      # check_fork, inline: a child of a fork made from C must
             _new_process()            # not talk on its parent's sockets
         call = self._call or self._caller()
         script = self._scripts[name]
         try:
-            return call("EVALSHA", script.sha, 1, key, *args, end=end)
+            return call("EVALSHA", script.sha, len(keys), *keys, *args, end=end)
         except rex.NoScriptError:
             if call.__class__ is DirectCalls:
                 # On the lock path's own connections: not on the client's pool, which would
@@ -314,27 +337,27 @@ class RedisEngine(AsyncVerbs, Engine):
                 script.sha = sha.decode() if isinstance(sha, bytes) else sha
             else:
                 script.sha = self.client.script_load(script.script)
-            return call("EVALSHA", script.sha, 1, key, *args, end=end)
+            return call("EVALSHA", script.sha, len(keys), *keys, *args, end=end)
 
     def _caller(self) -> Any:
         """Build the client (and its scripts) on first use; return the hot path's sender."""
         self.client  # noqa: B018 - builds it
         call = self._call
-        return call if call is not None else cluster_call(self.client)   # closed meanwhile
+        return call if call is not None else ClusterCalls(self.client, self.socket_timeout)   # closed meanwhile
 
-    def _acquire_call(self, script: str, key: str, args: list[Any], end: float) -> tuple[Any, int]:
+    def _acquire_call(self, script: str, keys: tuple[str, ...], args: list[Any], end: float) -> tuple[Any, int]:
         """Run an acquire script by ``end``; with ``wait_replicas``, WAIT on the same
         connection in the same round trip (WAIT counts the replicas that have this
         connection's writes; redis-py's pipeline is bounded by the socket timeout)."""
         if not self.wait_replicas:
-            return self._run(script, key, args, end), 0
+            return self._run(script, keys, args, end), 0
         client = self.client
         if self.kind == "redis+cluster":
             # A Cluster pipeline refuses scripts: pipeline on the slot owner's own client.
-            return cluster_script_wait(client, self._scripts[script], key, args, self.wait_replicas,
+            return cluster_script_wait(client, self._scripts[script], keys, args, self.wait_replicas,
                                        self.wait_timeout_ms)
         pipe = client.pipeline(transaction=False)
-        self._scripts[script](keys=[key], args=args, client=pipe)
+        self._scripts[script](keys=list(keys), args=args, client=pipe)
         pipe.wait(self.wait_replicas, self.wait_timeout_ms)
         reply, acked = pipe.execute()
         return reply, int(acked)
@@ -346,9 +369,9 @@ class RedisEngine(AsyncVerbs, Engine):
                            owner=owner.decode() if isinstance(owner, bytes) else owner)
 
     def release(self, group: str, name: str, owner: str, mode: str) -> bool:
-        key = self._x_keys.get((group, name, mode)) or self._x(group, name, mode)     # see _x_keys
+        keys = self._lock_keys.get((group, name, mode)) or self._keys_of(group, name, mode)     # see _lock_keys
         try:
-            reply = self._run(RELEASE[mode], key, release_args(owner, mode), time.monotonic() + self.socket_timeout)
+            reply = self._run(RELEASE[mode], keys, release_args(owner, mode), time.monotonic() + self.socket_timeout)
         except Exception as exc:
             raise self._translate(exc, group, name) from exc
         return self._released(group, name, reply)
@@ -365,18 +388,18 @@ class RedisEngine(AsyncVerbs, Engine):
 
     # -- inspection -----------------------------------------------------------------------
 
-    def describe(self, group: str | None = None) -> list[LockInfo]:
+    def describe(self, group: str | None = None, limit: int | None = None) -> Listing:
         with self._errors(group):
-            return inspection.describe(self, group)
+            return inspection.describe(self, group, limit)
 
     def describe_lock(self, group: str, name: str, kind: str = LOCK) -> LockInfo | None:
-        base = Keys.described(self.keys.x(group, name, PERMIT if kind == SEMAPHORE else WRITE))
         with self._errors(group, name):
-            return inspection.describe_base(self, base)
+            return inspection.describe_lock(self, group, name, kind)
 
     def adopt(self, group: str, name: str, mode: str, old_owner: str, new_owner: str, token: int) -> bool:
         with self._errors(group, name):
-            return bool(self._run("adopt", self.keys.x(group, name, mode), [old_owner, new_owner, mode, str(token)],
+            return bool(self._run("adopt", self.keys.adopted(group, name, mode), [old_owner, new_owner, mode,
+                                                                                   str(token)],
                                   time.monotonic() + self.socket_timeout))
 
     def publish_stats(self, process: str, data: bytes, ttl: float) -> None:
@@ -389,5 +412,5 @@ class RedisEngine(AsyncVerbs, Engine):
 
     def force_release(self, group: str, name: str, kind: str = LOCK) -> bool:
         with self._errors(group, name):
-            key = self.keys.x(group, name, PERMIT if kind == SEMAPHORE else WRITE)
-            return bool(self._run("force_release", key, []))
+            keys = self.keys.lock(group, name, PERMIT if kind == SEMAPHORE else WRITE)
+            return bool(self._run("force_release", keys, []))

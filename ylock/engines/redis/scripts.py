@@ -43,9 +43,10 @@ ACQUIRE = {WRITE: "acquire", READ: "acquire", PERMIT: "sem_acquire"}
 RELEASE = {WRITE: "release", READ: "release", PERMIT: "sem_release"}
 
 
-def fill(template: str, retention_ms: int, barge_ms: int) -> str:
-    """A script template with an engine's constants in it."""
-    return template.replace("__RETENTION_MS__", str(retention_ms)).replace("__BARGE_MS__", str(barge_ms))
+def fill(template: str, retention_ms: int, barge_ms: int, cluster: bool = False) -> str:
+    """A script template with an engine's constants in it (``cluster``: the index per slot)."""
+    return (template.replace("__RETENTION_MS__", str(retention_ms)).replace("__BARGE_MS__", str(barge_ms))
+            .replace("__INDEX__", "zset" if cluster else "set"))
 
 
 def release_args(owner: str, mode: str) -> list[str]:

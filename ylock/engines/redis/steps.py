@@ -8,14 +8,16 @@ import contextlib
 import time
 from typing import Any, NamedTuple
 
+import redis.exceptions as rex
+
 from ylock.engines.base import Abandon, AcquireRequest, Steps, holder_context
-from ylock.engines.redis.keys import Keys
+from ylock.engines.redis.calls import PoolBusy
 from ylock.engines.redis.parts import EngineParts
 from ylock.engines.redis.scripts import ACQUIRE, RELEASE, Acquired, TryFlags, release_args
 from ylock.errors import EngineUnavailable
 from ylock.holds import Grant
 
-__all__ = ["PROMPT", "Acquire", "Pop", "Release", "Sleep", "acquire_steps", "queued_too_late"]
+__all__ = ["PROMPT", "Acquire", "Pop", "Release", "Sleep", "acquire_steps", "not_run", "queued_too_late"]
 
 #: A first try answered within this many seconds of its send may be answered as a bare
 #: token, whose lease the facade counts from the answer (it is off by less than this); one
@@ -24,11 +26,12 @@ PROMPT = 0.001
 
 
 class Acquire(NamedTuple):
-    """Run an acquire script by ``end`` (the call's bound, ``time.monotonic()``); answers
-    ``(reply, replicas that acknowledged)``."""
+    """Run an acquire script with its ``keys`` (the lock's, then the owner's notify list) by
+    ``end`` (the call's bound, ``time.monotonic()``); answers ``(reply, replicas that
+    acknowledged)``."""
 
     script: str
-    key: str
+    keys: tuple[str, ...]
     args: list[Any]
     end: float
 
@@ -43,10 +46,10 @@ class Pop(NamedTuple):
 
 
 class Release(NamedTuple):
-    """Run a release script by ``end``; answers its reply."""
+    """Run a release script with its ``keys`` (the lock's) by ``end``; answers its reply."""
 
     script: str
-    key: str
+    keys: tuple[str, ...]
     args: list[Any]
     end: float
 
@@ -57,7 +60,7 @@ class Sleep(NamedTuple):
     seconds: float
 
 
-def acquire_steps(engine: EngineParts, r: AcquireRequest, key: str, args: list[Any], reply: Any,
+def acquire_steps(engine: EngineParts, r: AcquireRequest, keys: tuple[str, ...], args: list[Any], reply: Any,
                   sent: float | None = None) -> Steps:
     """The rest of an acquisition, after the first reply (None: not tried yet; ``sent``: when
     its try was sent, if known): queueing, waiting for a grant or a poll, trying again until
@@ -78,13 +81,15 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, key: str, args: list[A
     whatever the server or the network does. :func:`arun_steps` throws :class:`Abandon` in
     when the awaiting task is cancelled. ``args`` are the acquire script's, whose flags
     (``args[2]``) each try sets. ``r.queued``, if any, is called once when the acquisition
-    first waits (the facade tells its watchers)."""
+    first waits (the facade tells its watchers). ``keys`` are the acquire script's: the
+    lock's, then the owner's notify list (what the releases take: the lock's)."""
     waiter_lease = r.polling.waiter_lease
     first_lease = min(r.lease, waiter_lease)
     tried = sent                     # when the try whose reply we hold was sent (None: unknown)
     fair = bool(r.fair)
     intervals = r.polling.intervals()
-    notify_key = Keys.notify(key, r.owner)
+    notify_key = keys[-1]
+    lock_keys = keys[:-1]
     socket_timeout = engine.socket_timeout
     bound = None if r.deadline is None else r.deadline + socket_timeout
     unreachable_since: float | None = None
@@ -105,9 +110,14 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, key: str, args: list[A
                 args[2] = TryFlags(fair, stay=not last_try, queued=queued, holders=told is not None).encode()
                 tried = now
                 try:
-                    reply, acked = yield Acquire(ACQUIRE[r.mode], key, args, end)
+                    reply, acked = yield Acquire(ACQUIRE[r.mode], keys, args, end)
                     unreachable_since = None
-                except EngineUnavailable:
+                except EngineUnavailable as exc:
+                    if not_run(exc) and (bound is None or time.monotonic() < bound):
+                        # The script did not run (the lock's Cluster slot is being migrated,
+                        # or every connection of the process was busy): try again until the
+                        # call's bound (the transport waited between its own tries).
+                        continue
                     # Before we are queued, fail fast; once queued, ride out a blip until the
                     # waiter lease (our place in the queue) or the deadline is gone.
                     if unreachable_since is None:
@@ -120,7 +130,7 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, key: str, args: list[A
                 if tried is not None and time.monotonic() >= tried + first_lease:
                     reply, queued = None, True       # answered too late: confirm it (see above)
                     continue
-                yield from confirm_steps(engine, r, key, acked)
+                yield from confirm_steps(engine, r, lock_keys, acked)
                 return int(reply) if tried is None else Grant(reply, tried)
             answer = Acquired.of(reply)
             if answer.evicted:
@@ -129,7 +139,7 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, key: str, args: list[A
                 if tried is not None and time.monotonic() >= tried + first_lease:
                     reply, queued = None, True
                     continue
-                yield from confirm_steps(engine, r, key, acked)
+                yield from confirm_steps(engine, r, lock_keys, acked)
                 return answer.value if tried is None else Grant(answer.value, tried)
             queued = True
             if last_try:
@@ -166,9 +176,10 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, key: str, args: list[A
         # way: leave the queue in a last try that does not wait, and give back a grant.
         args[2] = TryFlags(fair, stay=False, queued=True).encode()
         try:
-            reply, _ = yield Acquire(ACQUIRE[r.mode], key, args, time.monotonic() + socket_timeout)
+            reply, _ = yield Acquire(ACQUIRE[r.mode], keys, args, time.monotonic() + socket_timeout)
             if reply.__class__ is int or Acquired.of(reply).granted:
-                yield Release(RELEASE[r.mode], key, release_args(r.owner, r.mode), time.monotonic() + socket_timeout)
+                yield Release(RELEASE[r.mode], lock_keys, release_args(r.owner, r.mode),
+                              time.monotonic() + socket_timeout)
         except EngineUnavailable:
             pass               # the queue entry and a grant's short lease expire on their own
         raise
@@ -188,11 +199,21 @@ def holders_of(notes: list[Any] | None) -> dict[str, dict[str, Any]] | None:
     return out
 
 
-def confirm_steps(engine: EngineParts, r: AcquireRequest, key: str, acked: int) -> Steps:
+def not_run(exc: BaseException) -> bool:
+    """Whether ``exc`` (a redis-py error, or the ylock error made of one) says that the script
+    did not run, so that a retry is safe and no sign of a failing server: a Cluster node's
+    ``TRYAGAIN`` (the lock's slot is being migrated and its keys are split between two nodes),
+    or no connection of the lock path came free in time (:class:`~.calls.PoolBusy`: the
+    process's own congestion). An acquisition tries again until its deadline."""
+    cause = exc.__cause__
+    return isinstance(exc, (rex.TryAgainError, PoolBusy)) or isinstance(cause, (rex.TryAgainError, PoolBusy))
+
+
+def confirm_steps(engine: EngineParts, r: AcquireRequest, keys: tuple[str, ...], acked: int) -> Steps:
     """With ``wait_replicas``: release and raise if too few replicas acknowledged."""
     if acked < engine.wait_replicas:
         with contextlib.suppress(EngineUnavailable):
-            yield Release(RELEASE[r.mode], key, release_args(r.owner, r.mode),
+            yield Release(RELEASE[r.mode], keys, release_args(r.owner, r.mode),
                           time.monotonic() + engine.socket_timeout)
         raise EngineUnavailable(f"only {acked} of {engine.wait_replicas} replicas acknowledged the lock "
                                 f"within {engine.wait_timeout_ms} ms; released it", group=r.group, name=r.name)

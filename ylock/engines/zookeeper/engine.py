@@ -72,9 +72,11 @@ from ylock.engines.base import (
     Abandon,
     AcquireRequest,
     Engine,
+    Listing,
     LockInfo,
     Steps,
     arun_steps,
+    check_limit,
     run_steps,
 )
 from ylock.engines.zookeeper import ops, paths
@@ -511,8 +513,8 @@ class ZooKeeperEngine(Engine):
         return how many were deleted."""
         return self._keeper.reap(older_than)
 
-    def describe(self, group: str | None = None) -> list[LockInfo]:
-        return self._inspector.describe(group)
+    def describe(self, group: str | None = None, limit: int | None = None) -> Listing:
+        return self._inspector.describe(group, check_limit(limit))
 
     def describe_lock(self, group: str, name: str, kind: str = LOCK) -> LockInfo | None:
         return self._inspector.describe_lock(group, name, kind)

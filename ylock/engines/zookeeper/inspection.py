@@ -10,7 +10,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from kazoo.exceptions import NoNodeError
 
-from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, WRITE, LockInfo, holder_context
+from ylock.engines.base import LOCK, PERMIT, READ, SEMAPHORE, WRITE, Listing, LockInfo, holder_context
 from ylock.engines.zookeeper import ops, paths
 from ylock.engines.zookeeper.ops import CHILDREN, DELETE, GET, SET, Request
 from ylock.engines.zookeeper.session import Session
@@ -55,10 +55,14 @@ class Inspector:
         """Raise EngineUnavailable unless the server answers; make sure the root znode exists."""
         self.sync(lambda call: self.session.client().ensure_path_async(self.root).get(timeout=self.connect_timeout))
 
-    def describe(self, group: str | None = None) -> list[LockInfo]:
-        """Return every lock and semaphore (of ``group``, if given) with a node now."""
-        def look(call: Call) -> list[LockInfo]:
-            infos = []
+    def describe(self, group: str | None = None, limit: int | None = None) -> Listing:
+        """Return the locks and semaphores (of ``group``, if given) with a node now, the first
+        ``limit`` of them in (group, name, kind) order. The lock parents are what is held,
+        queued, or was lately (the keeper deletes idle ones): a listing reads their names,
+        then describes them in order until it has ``limit``; the total counts the parents not
+        described (about: an idle one among them is no lock)."""
+        def look(call: Call) -> Listing:
+            found: list[tuple[str, str, str]] = []
             for kind, top in ((LOCK, self.root), (SEMAPHORE, f"{self.root}/{paths.SEMAPHORES}")):
                 try:
                     groups = [paths.escape(group)] if group else sorted(
@@ -67,14 +71,19 @@ class Inspector:
                     continue
                 for g in groups:
                     try:
-                        names = sorted(call(CHILDREN, f"{top}/{g}"))
+                        names = call(CHILDREN, f"{top}/{g}")
                     except NoNodeError:
                         continue
-                    for n in names:
-                        info = self._describe_one(call, kind, paths.unescape(g), paths.unescape(n))
-                        if info is not None:
-                            infos.append(info)
-            return infos
+                    found.extend((paths.unescape(g), paths.unescape(n), kind) for n in names)
+            found.sort()
+            infos: list[LockInfo] = []
+            for at, (g, n, kind) in enumerate(found):
+                if limit is not None and len(infos) >= limit:
+                    return Listing(infos, len(infos) + len(found) - at)
+                info = self._describe_one(call, kind, g, n)
+                if info is not None:
+                    infos.append(info)
+            return Listing(infos)
         return self.sync(look, group)
 
     def describe_lock(self, group: str, name: str, kind: str = LOCK) -> LockInfo | None:

@@ -1,32 +1,41 @@
--- describe.lua: what one lock looks like now, for ``ylock list``.
--- KEYS[1] = the lock's x key (see common.lua)
--- Returns {writer or "", writer token or 0, writer pttl, {owner, deadline, ...} live shared
---          owners, queue, {owner, mode, ...} for the queue, {owner, token, ...} readers' tokens, now ms,
---          a semaphore's permit count or false, {owner, "<since ms>|<context>", ...} for holders and waiters}.
+-- describe.lua: what one lock (or semaphore) looks like now, for describe() and ``ylock list``;
+-- a lock that nobody holds or waits for any more leaves the index here (its keys expired
+-- since it was listed: the index never needs a scan to forget it).
+-- KEYS: x q w s t i g (see common.lua), and a semaphore's c
+-- Returns {} for a lock nobody holds or waits for; else {writer or "", writer token or 0,
+--          ms the writer's lease still runs, what the writer is doing, {owner, deadline, ...}
+--          live shared owners, {owner, "<token>[|<ctx>]", ...} their tokens, the queue,
+--          {owner, mode or "?", since ms or 0, what it is doing, ...} for the queue, now ms,
+--          a semaphore's permit count or false}.
+--@common
 --@queue
 local now = clock()
-local writer, wtok = writer_of()
+local fence, dl, wctx, writer = x_record()
+if not (fence and writer ~= '' and dl > now) then writer, wctx = '', '' end
 local queue = redis.call('LRANGE', K.q, 0, -1)
 local shared = redis.call('ZRANGEBYSCORE', K.s, '(' .. now, '+inf', 'WITHSCORES')
-local notes = {}
-local function add_note(o)
-  local v = redis.call('GET', base .. ':h:' .. o)
-  if v then table.insert(notes, o); table.insert(notes, v) end
+if writer == '' and #queue == 0 and #shared == 0 then
+  index_drop()
+  return {}
 end
-if writer then add_note(writer) end
-for i = 1, #shared, 2 do add_note(shared[i]) end
--- A waiter's description is in its request (one written by an older script: in its h key).
-local modes = {}
-for _, o in ipairs(queue) do
-  local mode, _, since, _, _, ctx = meta(o)
-  table.insert(modes, o)
-  table.insert(modes, mode or '?')
-  if ctx then
-    table.insert(notes, o)
-    table.insert(notes, fmt(since) .. '|' .. ctx)
-  else
-    add_note(o)
+local waiting = {}
+if #queue > 0 then
+  local requests = redis.call('HMGET', K.w, unpack(queue))
+  for i, o in ipairs(queue) do
+    local alive, mode, _, since, _, _, ctx = parse_meta(requests[i])
+    if not alive or alive <= now then mode, since, ctx = '?', 0, '' end
+    table.insert(waiting, o)
+    table.insert(waiting, mode)
+    table.insert(waiting, since)
+    table.insert(waiting, ctx)
   end
 end
-return {writer or '', wtok or 0, redis.call('PTTL', K.x), shared, queue, modes,
-        redis.call('HGETALL', K.t), now, redis.call('GET', base .. ':c'), notes}
+local tokens = {}
+for i = 1, #shared, 2 do
+  table.insert(tokens, shared[i])
+  table.insert(tokens, redis.call('HGET', K.t, shared[i]) or '')
+end
+local permits = false
+if KEYS[8] then permits = redis.call('GET', KEYS[8]) end
+return {writer, writer ~= '' and fence or 0, writer ~= '' and dl - now or 0, wctx, shared, tokens, queue,
+        waiting, now, permits}

@@ -1,17 +1,14 @@
 -- force_release.lua: drop every holder and waiter of a lock (the fence stays).
--- KEYS[1] = the lock's x key (see common.lua)
+-- KEYS: x q w s t i g (see common.lua)
 -- Returns 1 if anybody held the lock, else 0.
---@queue
+--@common
 local now = clock()
-local held = redis.call('EXISTS', K.x) + redis.call('ZCOUNT', K.s, '(' .. now, '+inf')
-local writer = writer_of()
-local gone = {K.x, K.s, K.q, K.t}
-if writer then table.insert(gone, base .. ':h:' .. writer) end
-for _, o in ipairs(redis.call('ZRANGE', K.s, 0, -1)) do table.insert(gone, base .. ':h:' .. o) end
-for _, o in ipairs(redis.call('LRANGE', K.q, 0, -1)) do
-  table.insert(gone, base .. ':h:' .. o)
-  table.insert(gone, base .. ':w:' .. o)
-end
-redis.call('DEL', unpack(gone))
-if held > 0 then return 1 end
-return 0
+local fence, dl, _, writer = x_record()
+local held = 0
+if fence and writer ~= '' and dl > now then held = 1 end
+if redis.call('ZCOUNT', K.s, '(' .. now, '+inf') > 0 then held = 1 end
+for _, o in ipairs(redis.call('LRANGE', K.q, 0, -1)) do forget_notify(o) end
+redis.call('DEL', K.q, K.w, K.s, K.t)
+if fence then fence_to(tonumber(fence)) end
+index_drop()
+return held
