@@ -32,8 +32,7 @@ from ylock.engines.local import LocalEngine
 from ylock.engines.redis import engine as _engine_module
 from ylock.engines.redis import steps as _steps_module
 from ylock.engines.redis.engine import RedisEngine
-from ylock.engines.redis.inspection import describe_base
-from ylock.engines.redis.keys import Keys
+from ylock.engines.redis import inspection as _inspection
 from ylock.engines.redis.scripts import ACQUIRE, RELEASE, SOURCES, release_args
 from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps, queued_too_late
 from ylock.errors import EngineUnavailable, LockLost
@@ -49,22 +48,22 @@ Ops = Generator[Any, Any, Any]
 # -- the operations a simulated process asks of the world --------------------------------------
 
 class Script(NamedTuple):
-    """EVALSHA one script by ``end`` (the process's clock); answers its reply (raises
-    EngineUnavailable if none came in time). ``first``: the engine's own first try of an
-    acquisition (not one of its steps')."""
+    """EVALSHA one script with its ``keys`` by ``end`` (the process's clock); answers its
+    reply (raises EngineUnavailable if none came in time). ``first``: the engine's own first
+    try of an acquisition (not one of its steps')."""
 
     name: str
-    key: str
+    keys: tuple[str, ...]
     args: tuple[Any, ...]
     end: float
     first: bool = False
 
 
 class RenewBatch(NamedTuple):
-    """A pipeline of renew script calls by ``end``; answers their replies (an exception for a
-    failed one)."""
+    """A pipeline of renew script calls (keys, args) by ``end``; answers their replies (an
+    exception for a failed one)."""
 
-    calls: tuple[tuple[str, tuple[Any, ...]], ...]
+    calls: tuple[tuple[tuple[str, ...], tuple[Any, ...]], ...]
     end: float
 
 
@@ -171,30 +170,31 @@ class RedisProtocol:
         """The scripts as this engine loads them (constants filled in)."""
         return {name: self.engine._fill(source) for name, source in SOURCES.items()}
 
-    def x_key(self, group: str, name: str, mode: str) -> str:
-        return self.engine.keys.x(group, name, mode)
+    def lock_keys(self, group: str, name: str, mode: str) -> tuple[str, ...]:
+        """The keys the release, describe and force_release scripts declare."""
+        return self.engine.keys.lock(group, name, mode)
 
     def acquire(self, r: AcquireRequest) -> Ops:
         """:meth:`RedisEngine.acquire`: its first try (mirrored), then the real steps."""
         engine = self.engine
-        key, args = engine._request(r)
+        keys, args = engine._request(r)
         reply = None
         if r.deadline is None or CLOCK.monotonic() < r.deadline:
-            reply = yield Script(ACQUIRE[r.mode], key, tuple(args), CLOCK.monotonic() + engine.socket_timeout, True)
+            reply = yield Script(ACQUIRE[r.mode], keys, tuple(args), CLOCK.monotonic() + engine.socket_timeout, True)
             if reply.__class__ is int:
                 return reply
             if queued_too_late(r, reply):
-                yield from self._abandon_first(acquire_steps(engine, r, key, args, None))
+                yield from self._abandon_first(acquire_steps(engine, r, keys, args, None))
                 return None
-        return (yield from self._run(acquire_steps(engine, r, key, args, reply)))
+        return (yield from self._run(acquire_steps(engine, r, keys, args, reply)))
 
     def _op(self, op: Any) -> Any:
         if isinstance(op, Acquire):
-            return Script(op.script, op.key, tuple(op.args), op.end)
+            return Script(op.script, op.keys, tuple(op.args), op.end)
         if isinstance(op, Pop):
             return BlockingPop(op.key, op.block, op.end)
         if isinstance(op, Release):
-            return Script(op.script, op.key, tuple(op.args), op.end)
+            return Script(op.script, op.keys, tuple(op.args), op.end)
         if isinstance(op, Sleep):
             return Pause(op.seconds)
         raise AssertionError(f"unknown step {op!r}")
@@ -229,14 +229,15 @@ class RedisProtocol:
             return
 
     def release(self, group: str, name: str, owner: str, mode: str) -> Ops:
-        key = self.x_key(group, name, mode)
-        reply = yield Script(RELEASE[mode], key, tuple(release_args(owner, mode)),
+        keys = self.lock_keys(group, name, mode)
+        reply = yield Script(RELEASE[mode], keys, tuple(release_args(owner, mode)),
                              CLOCK.monotonic() + self.socket_timeout)
         return self.engine._released(group, name, reply)
 
     def renew(self, items: list[RenewItem]) -> Ops:
         """:meth:`RedisEngine.renew`: one pipeline of renew script calls."""
-        calls = tuple((self.x_key(i.group, i.name, i.mode), (i.owner, i.mode, int(i.lease * 1000))) for i in items)
+        renewed = self.engine.keys.renewed
+        calls = tuple((renewed(i.group, i.name, i.mode), (i.owner, i.mode, int(i.lease * 1000))) for i in items)
         try:
             replies = yield RenewBatch(calls, CLOCK.monotonic() + self.socket_timeout)
         except EngineUnavailable:
@@ -244,30 +245,30 @@ class RedisProtocol:
         return [None if isinstance(reply, Exception) else bool(reply) for reply in replies]
 
     def adopt(self, group: str, name: str, mode: str, old: str, new: str, token: int) -> Ops:
-        reply = yield Script("adopt", self.x_key(group, name, mode), (old, new, mode, str(token)),
+        reply = yield Script("adopt", self.engine.keys.adopted(group, name, mode), (old, new, mode, str(token)),
                              CLOCK.monotonic() + self.socket_timeout)
         return bool(reply)
 
     def describe(self, group: str, name: str, kind: str) -> Ops:
         """:meth:`RedisEngine.describe_lock`: its script by the world, its reply read by the
-        engine's own :func:`~ylock.engines.redis.inspection.describe_base`."""
-        key = self.x_key(group, name, PERMIT if kind == SEMAPHORE else WRITE)
-        reply = yield Script("describe", key, (), CLOCK.monotonic() + self.socket_timeout)
-        return describe_base(_Answered(self.engine.keys, reply), Keys.described(key))  # type: ignore[arg-type]
+        engine's own :func:`~ylock.engines.redis.inspection.describe_lock`."""
+        keys = self.lock_keys(group, name, PERMIT if kind == SEMAPHORE else WRITE)
+        reply = yield Script("describe", keys, (), CLOCK.monotonic() + self.socket_timeout)
+        return _inspection.describe_lock(_Answered(self.engine.keys, reply), group, name, kind)  # type: ignore[arg-type]
 
-    def force_release_call(self, group: str, name: str, kind: str) -> tuple[str, str]:
-        """(script, key) of :meth:`RedisEngine.force_release` (an operator's, run by the world)."""
-        return "force_release", self.x_key(group, name, PERMIT if kind == SEMAPHORE else WRITE)
+    def force_release_call(self, group: str, name: str, kind: str) -> tuple[str, tuple[str, ...]]:
+        """(script, keys) of :meth:`RedisEngine.force_release` (an operator's, run by the world)."""
+        return "force_release", self.lock_keys(group, name, PERMIT if kind == SEMAPHORE else WRITE)
 
 
 class _Answered:
-    """The engine parts :func:`describe_base` reads: the keys, and the script's answer."""
+    """The engine parts :func:`inspection.describe_lock` reads: the keys, and the script's answer."""
 
     def __init__(self, keys: Any, reply: Any) -> None:
         self.keys = keys
         self.reply = reply
 
-    def _run(self, name: str, key: str, args: list[Any]) -> Any:
+    def _run(self, name: str, keys: tuple[str, ...], args: list[Any], end: float | None = None) -> Any:
         return self.reply
 
 

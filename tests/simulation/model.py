@@ -320,6 +320,12 @@ class Keyspace:
         value = self._get(key, dict)
         return None if value is None else value.get(field)
 
+    def hmget(self, key: bytes, *fields: bytes) -> list[Any]:
+        if not fields:
+            raise CommandError("ERR wrong number of arguments for 'hmget' command")
+        value = self._get(key, dict) or {}
+        return [value.get(field) for field in fields]
+
     def hdel(self, key: bytes, *fields: bytes) -> int:
         value = self._get(key, dict)
         if not value:
@@ -336,6 +342,41 @@ class Keyspace:
     def hgetall(self, key: bytes) -> list[bytes]:
         value = self._get(key, dict) or {}
         return [x for pair in value.items() for x in pair]
+
+    # sets (the index of what is held and queued)
+    def sadd(self, key: bytes, *members: bytes) -> int:
+        if not members:
+            raise CommandError("ERR wrong number of arguments for 'sadd' command")
+        value = self._get(key, set)
+        if value is None:
+            value = self.data[key] = set()
+        before = len(value)
+        value.update(members)
+        added = len(value) - before
+        self.writes += bool(added)
+        return added
+
+    def srem(self, key: bytes, *members: bytes) -> int:
+        if not members:
+            raise CommandError("ERR wrong number of arguments for 'srem' command")
+        value = self._get(key, set)
+        if not value:
+            return 0
+        before = len(value)
+        value.difference_update(members)
+        removed = before - len(value)
+        self._tidy(key, value)
+        self.writes += bool(removed)
+        return removed
+
+    def smembers(self, key: bytes) -> list[bytes]:
+        return sorted(self._get(key, set) or ())
+
+    def scard(self, key: bytes) -> int:
+        return len(self._get(key, set) or ())
+
+    def sismember(self, key: bytes, member: bytes) -> int:
+        return int(member in (self._get(key, set) or ()))
 
     # sorted sets
     def zadd(self, key: bytes, *pairs: bytes) -> int:
@@ -473,7 +514,8 @@ _COMMANDS = {
     "LLEN": Keyspace.llen, "LINDEX": Keyspace.lindex, "LPOS": Keyspace.lpos, "LRANGE": Keyspace.lrange,
     "RPUSH": Keyspace.rpush, "LPUSH": Keyspace.lpush, "LPOP": Keyspace.lpop, "LREM": Keyspace.lrem,
     "LTRIM": Keyspace.ltrim, "HSET": Keyspace.hset, "HGET": Keyspace.hget, "HDEL": Keyspace.hdel,
-    "HGETALL": Keyspace.hgetall, "ZADD": Keyspace.zadd, "ZSCORE": Keyspace.zscore, "ZREM": Keyspace.zrem,
+    "HGETALL": Keyspace.hgetall, "HMGET": Keyspace.hmget, "SADD": Keyspace.sadd, "SREM": Keyspace.srem,
+    "SMEMBERS": Keyspace.smembers, "SCARD": Keyspace.scard, "SISMEMBER": Keyspace.sismember, "ZADD": Keyspace.zadd, "ZSCORE": Keyspace.zscore, "ZREM": Keyspace.zrem,
     "ZCARD": Keyspace.zcard, "ZRANGE": Keyspace.zrange, "ZRANGEBYSCORE": Keyspace.zrangebyscore,
     "ZCOUNT": Keyspace.zcount, "ZREMRANGEBYSCORE": Keyspace.zremrangebyscore,
 }

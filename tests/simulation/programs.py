@@ -55,9 +55,9 @@ class Programs:
 
     def _record_renewals(self, call: _Call, replies: list[Any] | None) -> None:
         """A renewal batch's answers (None: no answer in time) as each hold's renewals."""
-        for i, (key, args) in enumerate(call.op.calls):
+        for i, (keys, args) in enumerate(call.op.calls):
             owner, mode = str(args[0]), str(args[1])
-            lock = _lock_of(key)
+            lock = _lock_of(keys)
             reply = None if replies is None or isinstance(replies[i], Exception) else bool(replies[i])
             renewal = (call.sent / US, self.now / US, reply, call.id, int(args[2]) / 1000)
             adopting = call.task.proc.adopting
@@ -302,10 +302,11 @@ class Programs:
         yield from self._end(proc, hold, ticket.mode)
 
 
-def _lock_of(key: str) -> tuple[str, str]:
-    """The (kind, name) of the lock whose x key is ``key``."""
-    name = key.split(":")[-3] if key.endswith(":p:x") else key.split(":")[-2]
-    return (SEMAPHORE if key.endswith(":p:x") else LOCK), name.rstrip("}")
+def _lock_of(keys: tuple[str, ...]) -> tuple[str, str]:
+    """The (kind, name) of the lock whose keys (a renewal's: x, or s and t) are ``keys``."""
+    base = keys[0].rsplit(":", 1)[0]            # "<prefix>:{<group>:<name>}" (":p": a semaphore's)
+    tagged = base[base.index("{") + 1:base.rindex("}")]
+    return (SEMAPHORE if base.endswith(":p") else LOCK), tagged.split(":", 1)[1]
 
 
 class _ReadView:

@@ -382,30 +382,30 @@ class World(Programs):
             return
         if isinstance(op, RenewBatch):
             replies = []
-            for renew_key, args in op.calls:
+            for renew_keys, args in op.calls:
                 try:
-                    replies.append(self._run_script("renew", renew_key, args, call))
+                    replies.append(self._run_script("renew", renew_keys, args, call))
                 except ScriptError as exc:
                     replies.append(exc)
             self._answer(call, replies)
             return
         try:
-            reply = self._run_script(op.name, op.key, op.args, call)
+            reply = self._run_script(op.name, op.keys, op.args, call)
         except ScriptError as exc:
             self.history.errors.append(f"script {op.name} failed: {exc}")
             self._answer(call, None, LockError(str(exc)))
             return
         self._answer(call, reply)
 
-    def _run_script(self, name: str, key: str, args: tuple[Any, ...], call: _Call) -> Any:
+    def _run_script(self, name: str, keys: tuple[str, ...], args: tuple[Any, ...], call: _Call) -> Any:
         server = self.server
         assert server.host is not None
         try:
-            reply = server.host.run(name, server.keyspace, self.now + server.offset, [key.encode()],
+            reply = server.host.run(name, server.keyspace, self.now + server.offset, [k.encode() for k in keys],
                                     fmt_args(list(args)))
         finally:
             if self.trace is not None:
-                self.note(f"{call.task.proc.name} call {call.id} {name} {key} {args}")
+                self.note(f"{call.task.proc.name} call {call.id} {name} {keys[0]} {args}")
         if self.trace is not None:
             self.note(f"  -> {reply!r}")
         if self.config.failovers:        # (the replication stream a failover promotes a prefix of)
@@ -475,8 +475,8 @@ class World(Programs):
         if not server.up:
             return
         assert server.host is not None
-        script, key = self.protocol.force_release_call(GROUP, name, kind)
-        server.host.run(script, server.keyspace, self.now + server.offset, [key.encode()], [])
+        script, keys = self.protocol.force_release_call(GROUP, name, kind)
+        server.host.run(script, server.keyspace, self.now + server.offset, [k.encode() for k in keys], [])
         if self.config.failovers:
             server.stream.append((0, server.keyspace.copy()))
         self._serve_blocked()
