@@ -30,9 +30,9 @@ from ylock.engines import local as _local_module
 from ylock.engines.base import Abandon, AcquireRequest
 from ylock.engines.local import LocalEngine
 from ylock.engines.redis import engine as _engine_module
+from ylock.engines.redis import inspection as _inspection
 from ylock.engines.redis import steps as _steps_module
 from ylock.engines.redis.engine import RedisEngine
-from ylock.engines.redis import inspection as _inspection
 from ylock.engines.redis.scripts import ACQUIRE, RELEASE, SOURCES, release_args
 from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_steps, queued_too_late
 from ylock.errors import EngineUnavailable, LockLost

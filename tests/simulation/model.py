@@ -515,7 +515,8 @@ _COMMANDS = {
     "RPUSH": Keyspace.rpush, "LPUSH": Keyspace.lpush, "LPOP": Keyspace.lpop, "LREM": Keyspace.lrem,
     "LTRIM": Keyspace.ltrim, "HSET": Keyspace.hset, "HGET": Keyspace.hget, "HDEL": Keyspace.hdel,
     "HGETALL": Keyspace.hgetall, "HMGET": Keyspace.hmget, "SADD": Keyspace.sadd, "SREM": Keyspace.srem,
-    "SMEMBERS": Keyspace.smembers, "SCARD": Keyspace.scard, "SISMEMBER": Keyspace.sismember, "ZADD": Keyspace.zadd, "ZSCORE": Keyspace.zscore, "ZREM": Keyspace.zrem,
+    "SMEMBERS": Keyspace.smembers, "SCARD": Keyspace.scard, "SISMEMBER": Keyspace.sismember,
+    "ZADD": Keyspace.zadd, "ZSCORE": Keyspace.zscore, "ZREM": Keyspace.zrem,
     "ZCARD": Keyspace.zcard, "ZRANGE": Keyspace.zrange, "ZRANGEBYSCORE": Keyspace.zrangebyscore,
     "ZCOUNT": Keyspace.zcount, "ZREMRANGEBYSCORE": Keyspace.zremrangebyscore,
 }
