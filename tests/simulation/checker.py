@@ -17,6 +17,9 @@ the processes saw and did, and what the nemesis did), never over the server's ke
 - **liveness**: a live waiter with time left is never kept waiting while the lock sits
   idle (no hold that may still be on the server) for longer than a bound: what dead
   holders, dead waiters and undelivered grants may cost (:func:`idle_bound`);
+- **kept**: on exact schedules (:func:`exact`), a holder whose process was neither paused
+  nor dead, and whose lock nobody force-released, is never told it lost its hold: the
+  renewal schedule keeps a live, connected holder's lease;
 - **no client error**: no lock call raised anything but the engine's documented errors, and
   every schedule ended before its horizon.
 """
@@ -127,18 +130,34 @@ def lease_ceiling(history: History, hold: HoldRecord) -> float:
     return best + _backward_jumps(history, hold.start - hold.lease, best)
 
 
-def _lost_write(history: History, hold: HoldRecord) -> bool:
-    """Whether a failover lost a write that granted or extended ``hold`` (or its parent)."""
-    if not history.failovers:
+def _lost_write(history: History, hold: HoldRecord, t: float | None = None) -> bool:
+    """Whether a failover lost a write that granted or extended ``hold`` (or its parent),
+    and (with ``t``) no renewal sent after that failover was confirmed by ``t``: such a
+    renewal found the hold on the promoted server, which keeps it from then on."""
+    lost_by = _lost_until(history, hold)
+    if lost_by is None:
         return False
-    if any(history.lost_call(r[3]) for r in hold.renewals):
+    if t is None:
         return True
+    return not any(result and sent >= lost_by and done <= t + EPS
+                   for sent, done, result, _call, _lease in hold.renewals)
+
+
+def _lost_until(history: History, hold: HoldRecord) -> float | None:
+    """The end of the latest failover that lost a write that granted or extended ``hold``
+    (or its parent), or None if none did."""
+    if not history.failovers:
+        return None
+    ends = [end for _start, end, lost in history.failovers if any(r[3] in lost for r in hold.renewals)]
     if hold.how in ("ticket", "adopt") and hold.parent is not None:
-        return _lost_write(history, history.hold(hold.parent))
-    _, call = _grant_floor(history, hold)
-    if call is None or history.lost_call(call):
-        return True                # granted through another's call: not known which
-    return False
+        parent = _lost_until(history, history.hold(hold.parent))
+        if parent is not None:
+            ends.append(parent)
+    else:
+        _, call = _grant_floor(history, hold)
+        # granted through another's call (not known which): any failover may have lost it
+        ends += [end for _start, end, lost in history.failovers if call is None or call in lost]
+    return max(ends, default=None)
 
 
 def _forced(history: History, h: HoldRecord, t: float) -> float | None:
@@ -162,7 +181,7 @@ def _surely_held(history: History, a: HoldRecord, t: float) -> bool:
         return False
     if lease_floor(history, a, t) <= t + EPS or _forced(history, a, t) is not None:
         return False
-    return not _lost_write(history, a)
+    return not _lost_write(history, a, t)
 
 
 def _open_at(holds: list[HoldRecord], t: float) -> Iterator[HoldRecord]:
@@ -206,7 +225,21 @@ def check(config: Config, history: History) -> list[str]:
         problems += _fairness(config, history)
     if exact(config):
         problems += _liveness(config, history, by_lock)
+        for h in history.holds:
+            problems += _kept(history, h)
     return problems
+
+
+def _kept(history: History, h: HoldRecord) -> list[str]:
+    """A live, connected holder keeps its hold (see the module docstring): on an exact
+    schedule every answer comes within a millisecond, so the watchdog's renewals, due a
+    third of a lease apart, keep it. A ticket's hold (nobody renews it) is not judged."""
+    if h.told_lost is None or h.how == "ticket":
+        return []
+    if history.paused(h.proc, h.start, h.told_lost) or _forced(history, h, h.told_lost) is not None:
+        return []
+    return [f"kept: {h.proc}'s hold of {h.lock[1]} ({h.mode}, token {h.token}, since {h.start:.6f} s) was lost at "
+            f"{h.told_lost:.6f} s, its process neither paused nor dead, its lock not force-released"]
 
 
 def exact(config: Config) -> bool:
@@ -278,7 +311,7 @@ def _told_in_time(history: History, h: HoldRecord) -> list[str]:
         if not held or _forced(history, h, t) is not None:
             continue
         floor = lease_floor(history, h, t, jumps=False, answered=True)
-        if floor <= t - EPS and not _lost_write(history, h):
+        if floor <= t - EPS and not _lost_write(history, h, t):
             return [f"told late: {h.proc} was told at {t:.6f} s that it still holds {h.lock[1]} ({h.mode}, token "
                     f"{h.token}), whose lease may have run out at {floor:.6f} s"]
     return []

@@ -38,6 +38,7 @@ from ylock.engines.redis.steps import Acquire, Pop, Release, Sleep, acquire_step
 from ylock.errors import EngineUnavailable, LockLost
 from ylock.holds import PERMIT, READ, SEMAPHORE, WRITE, Grant, Hold, HoldTable, RenewItem
 from ylock.waiting import Polling
+from ylock.watchdog import SPREAD
 
 __all__ = ["CLOCK", "BlockingPop", "LocalProtocol", "LocalWait", "Pause", "Process", "RedisProtocol", "RenewBatch",
            "Script", "SimPolling", "WatchdogSleep", "virtual_time"]
@@ -445,13 +446,17 @@ class Process:
 
     def watchdog(self) -> Ops:
         """``Watchdog._run`` over this process's table (its thread's loop, mirrored; the
-        schedule is the table's own ``earliest_due``/``due``/``renewed``)."""
+        schedule is the table's own ``overdue``/``earliest_due``/``next_expiry``/``due``/
+        ``renewed``)."""
         table = self.table
         while True:
             now = CLOCK.monotonic()
             with table.changed:
                 overdue = table.overdue(now)
                 earliest = table.earliest_due()
+                expiry = table.next_expiry()
+                if expiry is not None and (earliest is None or expiry < earliest):
+                    earliest = expiry
                 if overdue:
                     batches: dict[Any, Any] | None = {}
                 elif earliest is None or earliest > now:
@@ -459,7 +464,7 @@ class Process:
                     batches = None
                 else:
                     table.wake_at = now
-                    batches = table.due(now)
+                    batches = table.due(now, SPREAD)
             for hold in overdue:
                 table.lose(hold, "its lease may have run out: no renewal was confirmed in time")
                 self.on_lost(hold, "renewal")
