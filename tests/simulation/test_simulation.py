@@ -93,19 +93,22 @@ def test_local_engine(chunk: int) -> None:
 #: A seed for each bug the simulation found (fixed), replayed on every run: each fails with
 #: its fix taken back (checked by the mutation run of issue 43's closing note).
 REGRESSIONS = {
-    401: "a waiter popped a grant pushed for its own earlier request (given up on) as the grant "
-         "of its new request: a reader beside a writer (acquire.lua: queueing drops the notify list)",
+    1384: "a waiter whose queue entry was gone (granted, the grant run out before it polled) queued "
+          "again and popped the stale grant pushed for it as a new one: a reader beside a writer "
+          "(acquire.lua: a request that queues drops its notify list)",
     358: "a new request that found a permit granted to its abandoned request took it with the "
          "old token, below tokens issued since (sem_acquire.lua)",
-    192: "a new read request that found a read grant of its abandoned request took it with the "
-         "old token (acquire.lua)",
     356: "the reader fast path gave a new request the token of a read grant left by a request "
          "whose answer never came, below a token issued since (acquire.lua)",
+    87: "a new write request that found the write grant of its abandoned request took it with "
+        "the old token, the token of an earlier hold of its own (acquire.lua)",
     1926: "a write hold detached after a downgrade whose answer never came left its owner a read "
           "beside the ticket's write; its new read request took it (adopt.lua drops it)",
     20: "a new hold whose first renewal did not come through was taken for held for a whole "
         "lease, its first lease (the waiter's) long run out (ylock.holds)",
 }
+
+
 @pytest.mark.parametrize("seed", sorted(REGRESSIONS))
 def test_regression_seed(seed: int) -> None:
     failure = run_seed(seed, "redis")

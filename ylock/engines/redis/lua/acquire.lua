@@ -53,11 +53,6 @@ end
 local now = clock()
 local writer, wtok = writer_of()
 
--- A new request (not queued as far as the owner knows): a request it gave up on (its answer
--- never came) neither keeps its place ahead of those who asked since nor leaves a grant in
--- its notify list for this one to take (a stale read grant taken as a write grant).
-if not queued then dequeue(o) end
-
 -- A new request finding a read of its own (granted to a request whose answer never came)
 -- takes it with a new token: every first acquisition's token is above all issued before.
 local function fresh_read()
@@ -72,6 +67,11 @@ if mode == 'read' and not writer and not queued and redis.call('LLEN', K.q) == 0
   index_add()
   return {1, grant_read(o, lease, now, fresh_read(), ARGV[6])}
 end
+
+-- A new request (not queued as far as the owner knows): a request it gave up on (its answer
+-- never came) neither keeps its place ahead of those who asked since nor leaves a grant in
+-- its notify list for this one to take (a stale read grant taken as a write grant).
+if not queued then dequeue(o) end
 
 -- (A non-fair writer asking while another writer holds: as the fair one above, it only
 -- joins the queue, so it skips the readers' expiry and the dead-head eviction.)
