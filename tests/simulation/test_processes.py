@@ -2,7 +2,7 @@
 stopped (SIGSTOP) past its lease while another process takes its lock, a process killed
 (SIGKILL), and the same checker over their recorded history (:mod:`tests.simulation.processes`).
 
-``YLOCK_SIM_REAL_SCHEDULES`` (default 3) schedules run, from ``YLOCK_SIM_START``; a failure
+``YLOCK_SIM_REAL_SCHEDULES`` (default 2) schedules run, from ``YLOCK_SIM_START``; a failure
 prints the schedule's seed (its programs and faults; real timing does not replay)."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.simulation.checker import check
 from tests.simulation.processes import run_schedule
 from ylock.testing.redis import RedisServer
 
-SCHEDULES = int(os.environ.get("YLOCK_SIM_REAL_SCHEDULES", "3"))
+SCHEDULES = int(os.environ.get("YLOCK_SIM_REAL_SCHEDULES", "2"))
 START = int(os.environ.get("YLOCK_SIM_START", "0"))
 
 
