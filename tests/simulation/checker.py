@@ -165,7 +165,14 @@ def _forced(history: History, h: HoldRecord, t: float) -> float | None:
     ``t``, if so (its holder learns it at its next renewal: no invariant holds it to its
     lease after that)."""
     since = _grant_floor(history, h)[0] if h.how in ("acquire", "downgrade") else h.start - h.lease
-    return next((f for f, lock in history.forced if lock == h.lock and since < f <= t + EPS), None)
+    forced = [f for f, lock in history.forced if lock == h.lock and since < f <= t + EPS]
+    if not forced:
+        return None
+    # A renewal sent after the force-release and confirmed by t found the hold on the server
+    # (a correct renewal of a force-released hold answers that it is gone): held again.
+    if any(result and sent > forced[-1] and done <= t + EPS for sent, done, result, _c, _l in h.renewals):
+        return None
+    return forced[0]
 
 
 def _surely_held(history: History, a: HoldRecord, t: float) -> bool:
