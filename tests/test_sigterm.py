@@ -122,3 +122,38 @@ def test_without_a_lock_in_the_main_thread_the_default_stays(redis: RedisServer,
             engine.force_release(group, name, kind=kind)
     finally:
         engine.close()
+
+
+def _blocked(native_id: int) -> set[int]:
+    """The signals the thread ``native_id`` of this process blocks (/proc's SigBlk mask)."""
+    with open(f"/proc/self/task/{native_id}/status") as status:
+        mask = next(int(line.split()[1], 16) for line in status if line.startswith("SigBlk:"))
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+
+
+def test_ylocks_threads_leave_signals_to_the_applications_threads(redis: RedisServer, group: str) -> None:
+    """A signal the kernel hands to one of ylock's threads would not wake a main thread
+    blocked in a system call, so its handler would wait (a clean-clone CI run saw a
+    script's own SIGTERM handler not run 30 s after kill): ylock's threads (here the
+    watchdog, and whatever else a waiting acquisition started) block the asynchronous
+    signals; the application's threads do not."""
+    import threading
+
+    engine = ylock.engine_from_url(redis.url)
+    try:
+        holder = ylock.Lock(engine, group, "n")
+        holder.lock()                                    # the watchdog renews it
+        waited = threading.Thread(target=lambda: ylock.Lock(engine, group, "n").try_lock(1.0))
+        waited.start()
+        waited.join()                                    # it waited through the notify hub
+        holder.unlock()
+        ours = {t.name: t.native_id for t in threading.enumerate() if t.name.startswith("ylock-")}
+        assert "ylock-watchdog" in ours, ours
+        for name, native_id in ours.items():
+            assert native_id is not None
+            blocked = _blocked(native_id)
+            assert {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1} <= blocked, (name, blocked)
+            assert signal.SIGSEGV not in blocked and signal.SIGABRT not in blocked, (name, blocked)
+        assert signal.SIGTERM not in _blocked(threading.main_thread().native_id or 0)   # the control
+    finally:
+        engine.close()

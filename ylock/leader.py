@@ -71,6 +71,7 @@ from ylock.errors import LockLost, LockTimeout
 from ylock.lock import Lock
 from ylock.owner import after_fork as _after_fork
 from ylock.owner import current_owner
+from ylock.threads import start_thread
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ def _call_soon(callback: Callable[[Term], object], term: Term) -> None:
             callback(term)
         except Exception:  # noqa: BLE001 - a callback's failure is its own
             logger.exception("ylock: on_lost callback %r failed", callback)
-    threading.Thread(target=call, name="ylock-leadership-lost", daemon=True).start()
+    start_thread(call, "ylock-leadership-lost")
 
 
 class Leadership:
@@ -305,7 +306,7 @@ def _supervise(term: Term, command: list[str], grace: float, env: Mapping[str, s
     def reap() -> None:
         child.wait()
         finished.set()
-    threading.Thread(target=reap, name="ylock-run-child", daemon=True).start()
+    start_thread(reap, "ylock-run-child")
     with _forwarding(child):
         # Short waits, so that a forwarded signal's handler runs at once in the main thread.
         while not finished.wait(0.1):

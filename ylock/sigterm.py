@@ -24,6 +24,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from ylock.threads import start_thread
+
 #: Set once the main thread looked at SIGTERM's handler (installed ylock's or left it).
 checked = False
 
@@ -61,8 +63,7 @@ def _on_sigterm(release: Callable[[], object], budget: float) -> None:
     # table or an engine while it held their (non-reentrant) locks. The helper then waits
     # for them in vain, the join gives up after the budget and those holds keep their lease,
     # which is no worse than without the handler.
-    helper = threading.Thread(target=release, name="ylock-sigterm", daemon=True)
-    helper.start()
+    helper = start_thread(release, "ylock-sigterm")
     helper.join(budget + 1.0)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from ylock import events
 from ylock.holds import HOLDS, Engine, Hold, HoldTable, Renewal
 from ylock.owner import after_fork, check_fork
+from ylock.threads import start_thread
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +81,7 @@ class Watchdog:
         if self._thread is None:
             with self._start_mutex:
                 if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="ylock-watchdog", daemon=True)
-                    self._thread.start()
+                    self._thread = start_thread(self._run, "ylock-watchdog")
 
     def _run(self) -> None:
         while True:

@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -31,6 +30,7 @@ from celery_ylock.beat.state import CLAIMED, FENCED, StateStore, store_for
 from ylock.errors import EngineUnavailable, LockError, LockTimeout
 from ylock.exiting import EXIT_BUDGET
 from ylock.leader import Leadership, Term
+from ylock.threads import start_thread
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -216,8 +216,7 @@ class BeatLeader:
         if budget is None:
             release()
             return
-        helper = threading.Thread(target=release, name="ylock-beat-release", daemon=True)
-        helper.start()
+        helper = start_thread(release, "ylock-beat-release")
         helper.join(budget)
 
     def close(self) -> None:

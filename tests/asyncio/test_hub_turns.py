@@ -90,3 +90,51 @@ def test_a_value_popped_between_two_waits_of_a_task_makes_its_next_wait_a_wake_u
     # task tries again at once rather than wait out its timeout.
     assert second == ("ylock-test-b", b"wake")
     assert elapsed < 1.0, elapsed
+
+
+def test_a_grant_left_in_the_hub_for_an_earlier_acquisition_never_passes_for_a_later_one(group):
+    """A release pushes a waiter's grant to its loop's hub list; when the waiter's own poll
+    took the grant first (or it gave up), that push stays in the list, which no script can
+    clear, until the hub pops it, maybe when the same owner (a task looping over one lock)
+    waits for the lock again. Untagged, it was handed over as the new acquisition's grant:
+    a second holder with an old token (a clean-clone CI run lost a hold that way). Here two
+    such pushes, untagged and tagged with the earlier acquisition's request, wait in the
+    hub's list while a writer holds: the later acquisition of the same owner times out."""
+    with RedisServer() as server:
+        engine = ylock.engine_from_url(server.url)
+        admin = redis.Redis.from_url(server.url)
+        holder = ylock.Lock(engine, group, "n")
+        holder.lock()
+        held = holder.token
+        owner = f"{group}-worker"
+
+        async def waits() -> tuple[bool, int]:
+            with ylock.owner_scope(owner):
+                lock = ylock.Lock(engine, group, "n")
+                earlier = await lock.atry_lock(0.2)          # queued, waited through the hub
+                hub = engine._async[asyncio.get_running_loop()].hub
+                assert hub is not None
+                notify = f"{engine._keys_of(group, 'n', 'write')[0][:-2]}:n:{owner}"
+                admin.rpush(hub.hub_key, f"{notify}|{held}", f"{notify}.1|{held}")
+                later = await lock.atry_lock(1.0)
+                if later:
+                    await lock.aunlock()
+                return earlier or later, int(admin.llen(hub.hub_key))
+
+        async def takes() -> int | None:
+            with ylock.owner_scope(owner):
+                lock = ylock.Lock(engine, group, "n")
+                assert await lock.atry_lock(5.0)
+                token = lock.token
+                await lock.aunlock()
+                return token
+
+        try:
+            taken, left = asyncio.run(waits())
+            holder.unlock()
+            assert not taken, "a grant pushed for an earlier acquisition was taken for a later one"
+            assert left == 0, "the hub did not pop the pushes (the control)"
+            token = asyncio.run(takes())
+            assert token is not None and held is not None and token > held
+        finally:
+            engine.close()

@@ -27,6 +27,7 @@ from typing import Any
 from ylock import options as opt
 from ylock.events import Event
 from ylock.owner import after_fork as _after_fork
+from ylock.threads import start_thread
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +100,7 @@ class Shipper:
         with self._start_mutex:
             if self._thread is not None or self._closed:
                 return
-            thread = threading.Thread(target=self._run, name=f"ylock-{self.kind}-exporter", daemon=True)
-            thread.start()
-            self._thread = thread
+            self._thread = start_thread(self._run, f"ylock-{self.kind}-exporter")
 
     # -- the background thread -----------------------------------------------------------
 

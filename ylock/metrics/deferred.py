@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from ylock.events import Event
 from ylock.owner import after_fork as _after_fork
+from ylock.threads import start_thread
 
 logger = logging.getLogger(__name__)
 
@@ -96,9 +97,7 @@ def _start_pump() -> None:
     global _pump
     with _pump_mutex:
         if _pump is None:
-            thread = threading.Thread(target=_run_pump, name="ylock-metrics-pump", daemon=True)
-            thread.start()
-            _pump = thread
+            _pump = start_thread(_run_pump, "ylock-metrics-pump")
 
 
 def _run_pump(sleep: Callable[[float], None] = time.sleep) -> None:

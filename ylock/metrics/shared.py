@@ -44,6 +44,7 @@ from ylock.metrics.aggregator import SPANS, WINDOW, Aggregator, Histogram
 from ylock.metrics.background import live_shippers
 from ylock.owner import after_fork as _after_fork
 from ylock.owner import new_owner
+from ylock.threads import start_thread
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +126,7 @@ class Publisher:
         if self._thread is None and self.enabled:
             with self._mutex:
                 if self._thread is None and self.enabled:
-                    self._thread = threading.Thread(target=self._run, args=(self._stop,),
-                                                    name="ylock-stats-publisher", daemon=True)
-                    self._thread.start()
+                    self._thread = start_thread(self._run, "ylock-stats-publisher", (self._stop,))
 
     def _run(self, stop: threading.Event) -> None:
         while True:

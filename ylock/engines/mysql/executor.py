@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -25,6 +24,7 @@ from ylock.engines.mysql.proxies import client_port, refusal
 from ylock.engines.mysql.sql import Statements
 from ylock.engines.mysql.wire import Broken, ServerError, drive
 from ylock.engines.sessions.executor import SessionExecutor
+from ylock.threads import start_thread
 
 #: Server errors after which the session is gone: killed, timed out idle, shut down.
 GONE = (1053, 1927, 4031, 2006, 2013)
@@ -94,7 +94,7 @@ class Executor(SessionExecutor):
                     loop.call_soon_threadsafe(deliver, conn, None)
                 except RuntimeError:               # the loop is closed: nobody will take it
                     conn.close()
-        threading.Thread(target=run, name="ylock-mysql-connect", daemon=True).start()
+        start_thread(run, "ylock-mysql-connect")
         return await future
 
     def open(self, end: float) -> Conn:

@@ -35,8 +35,11 @@ class AsyncVerbs(_Engine):
         keys, args = self._request(r)
         loop = asyncio.get_running_loop()
         side = self._async.get(loop) or await open_side(self)
+        tag = ""
         if side.hub is not None:
-            args[6] = side.hub.hub_id            # grants go to the loop's hub (see NotifyHub)
+            # Grants go to the loop's hub, tagged with this request (see NotifyHub).
+            tag = side.hub.tag()
+            args[6] = f"{side.hub.hub_id}.{tag}"
         reply = None
         if not self.wait_replicas and (r.deadline is None or time.monotonic() < r.deadline):
             # The first try awaited here, as :meth:`acquire` does it: an uncontended lock costs
@@ -68,7 +71,8 @@ class AsyncVerbs(_Engine):
                 await self._abandon_first(side, r, keys, args)
                 return None
         return await arun_steps(acquire_steps(self, r, keys, args, reply),  # type: ignore[no-any-return]
-                                functools.partial(self._ado, side), lambda exc: self._translate(exc, r.group, r.name))
+                                functools.partial(self._ado, side, tag=tag),
+                                lambda exc: self._translate(exc, r.group, r.name))
 
     async def _abandon_first(self, side: AsyncSide, r: AcquireRequest, keys: tuple[str, ...], args: list[Any]) -> None:
         """Leave the queue and give back a grant after a first try whose task was cancelled
@@ -91,8 +95,9 @@ class AsyncVerbs(_Engine):
             raise self._translate(exc, group, name) from exc
         return self._released(group, name, reply)
 
-    async def _ado(self, side: AsyncSide, op: Acquire | Pop | Release | Sleep) -> Any:
-        """Do one operation of the steps, awaiting it (the asyncio world's executor)."""
+    async def _ado(self, side: AsyncSide, op: Acquire | Pop | Release | Sleep, tag: str = "") -> Any:
+        """Do one operation of the steps, awaiting it (the asyncio world's executor); ``tag``
+        names the acquisition's request in its loop's hub."""
         if isinstance(op, Acquire):
             if not self.wait_replicas:
                 return await self._arun(side, op.script, op.keys, op.args, op.end), 0
@@ -106,7 +111,7 @@ class AsyncVerbs(_Engine):
             return reply, int(acked)
         if isinstance(op, Pop):
             if side.hub is not None:
-                return await side.hub.wait(op.key, op.block)
+                return await side.hub.wait(f"{op.key}.{tag}", op.block)
             if side.pops <= 0 or "BLPOP" in self._refusals.commands:
                 await asyncio.sleep(op.block)      # polling: the next try reads the lock's keys
                 return None

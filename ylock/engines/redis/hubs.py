@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -19,6 +20,7 @@ import redis.exceptions as rex
 from ylock.engines.redis.asockets import exchange
 from ylock.engines.redis.calls import AsyncDirectCalls, DirectCalls
 from ylock.engines.redis.sockets import send
+from ylock.threads import start_thread
 
 __all__ = ["BLPOP_REFUSED", "NotifyHub", "Refusals", "ThreadNotifyHub", "WAKE_TTL_MS", "refused"]
 
@@ -145,8 +147,7 @@ class ThreadNotifyHub:
             if "BLPOP" in self.refusals.commands:
                 pass                             # polling: nobody blocks
             elif self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ylock-notify", daemon=True)
-                self._thread.start()
+                self._thread = start_thread(self._run, "ylock-notify")
             elif self._blocking and key not in self._blocking and not self._waking:
                 self._waking = wake = True       # one wake-up for every thread that joins meanwhile
         if wake:
@@ -217,8 +218,12 @@ class NotifyHub:
     blocked in one ``BLPOP`` of the hub's own list, instead of a connection (and a file
     descriptor) per waiting task. Every task of the loop names the hub in its requests
     (``ARGV[7]`` of the acquire scripts), so a grant (or a wake-up) for it is pushed to the
-    hub's list as ``"<its notify list>|<token>"``, and the hub hands it to the task waiting on
-    that notify list. The ``BLPOP`` names one key however many tasks wait: a handoff costs
+    hub's list as ``"<its notify list>.<tag>|<token>"``, and the hub hands it to the task
+    waiting on that notify list with that tag. The tag (:meth:`tag`) names one acquisition:
+    a grant pushed for an earlier acquisition of the same owner (one its poll found first,
+    or one it gave up) can stay in the hub's list, which no script can clear, until the
+    owner waits again; untagged, it was taken for the new acquisition's grant (two holders,
+    the second with an old token). The ``BLPOP`` names one key however many tasks wait: a handoff costs
     the hub, and the server, the same with 1,000 waiting tasks as with one (a ``BLPOP`` over
     every waiting task's own list cost each handoff O(waiters): 1.6 ms of server CPU at 1,000),
     and a task that starts waiting needs no wake-up of the hub. A refused ``BLPOP`` is logged
@@ -250,6 +255,11 @@ class NotifyHub:
         self._conn: Any = None
         self._left: dict[str, float] = {}          # key -> when its task last stopped waiting
         self._early: set[str] = set()              # keys popped between their task's waits
+        self._tags = itertools.count(1)
+
+    def tag(self) -> str:
+        """A tag for one acquisition's request, unique in this hub (letters and digits)."""
+        return format(next(self._tags), "x")
 
     async def wait(self, key: str, block: float) -> Any:
         """Wait up to ``block`` s for a value pushed for ``key``; return ``(key, value)``, or None."""

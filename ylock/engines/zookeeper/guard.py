@@ -44,6 +44,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ylock.threads import start_thread
+
 logger = logging.getLogger(__name__)
 
 #: What a suspended connection means for the holds (the ``suspended`` URL option).
@@ -114,8 +116,7 @@ class QuorumGuard:
             self.confirmed = max(self.confirmed, time.monotonic() - SYNC_EVERY * self.timeout)
             self._fired = False
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ylock-zk-guard", daemon=True)
-                self._thread.start()
+                self._thread = start_thread(self._run, "ylock-zk-guard")
             self._cond.notify()
 
     def stop(self) -> None:

@@ -15,6 +15,7 @@ from kazoo.protocol.states import EventType
 
 from ylock.engines.zookeeper.claim import Claim, ClaimKey
 from ylock.engines.zookeeper.session import Session
+from ylock.threads import start_thread
 
 logger = logging.getLogger(__name__)
 
@@ -196,8 +197,7 @@ class LockKeeper:
         if self._thread is None or not self._thread.is_alive():
             with self.mutex:
                 if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(target=self._keep, name="ylock-zk-keeper", daemon=True)
-                    self._thread.start()
+                    self._thread = start_thread(self._keep, "ylock-zk-keeper")
         elif wake:
             self.wake()
 

@@ -32,6 +32,7 @@ from ylock.engines.zookeeper.handler import Handler
 from ylock.engines.zookeeper.url import Settings
 from ylock.errors import EngineUnavailable, LockError
 from ylock.holds import HOLDS
+from ylock.threads import quiet_signals
 
 #: kazoo's own log records (every failed reconnection attempt) go to this logger, filtered.
 KAZOO_LOGGER = "ylock.engines.zookeeper.kazoo"
@@ -95,7 +96,8 @@ class Session:
                     with warnings.catch_warnings():
                         # kazoo warns when the chroot does not exist yet; creates make it.
                         warnings.filterwarnings("ignore", "No chroot path exists")
-                        self._client.start_async()
+                        with quiet_signals():   # kazoo's threads leave signals to the application's
+                            self._client.start_async()
                 client = self._client
         return client
 

@@ -31,9 +31,12 @@
 -- whom it will hand the lock to before it runs): pushes to them go through pcall, so one
 -- that a migration moved away fails alone, and its waiter finds the grant at its next poll.
 -- A waiter that waits through its event loop's notify hub (one server only) names the hub
--- in its request: its grant goes to the hub's own list, "<prefix>:hub:<hub>", as
--- "<its notify list>|<token>", so the hub blocks on one key however many tasks wait
--- (a BLPOP over every waiter's list would cost each handoff O(waiters)).
+-- in its request, "<hub id>.<tag>": its grant goes to the hub's own list, "<prefix>:hub:<hub
+-- id>", as "<its notify list>.<tag>|<token>", so the hub blocks on one key however many tasks
+-- wait (a BLPOP over every waiter's list would cost each handoff O(waiters)). The tag names
+-- the request: a grant pushed for an earlier request of the same owner (one its poll took
+-- meanwhile, or one given up) can linger in the hub's list, which no script can clear; it
+-- must never pass for a grant of a later request (it did: two holders).
 -- Time always comes from Redis (TIME), never from a client clock. __RETENTION_MS__,
 -- __BARGE_MS__ and __INDEX__ are replaced by the engine's settings when the script is loaded.
 
@@ -183,7 +186,7 @@ end
 local function parse_meta(v)
   if not v then return nil end
   local alive, mode, lease, since, wlease, fair, hub, ctx =
-    string.match(v, '^(%d+)|(%a+)|(%d+)|(%d+)|(%d+)|([01])|(%w*)|(.*)$')
+    string.match(v, '^(%d+)|(%a+)|(%d+)|(%d+)|(%d+)|([01])|([%w%.]*)|(.*)$')
   if not alive then return nil end
   return tonumber(alive), mode, tonumber(lease), tonumber(since), tonumber(wlease), fair == '1', ctx, hub
 end
@@ -216,7 +219,9 @@ end
 local function notify(o, value, ttl, hub)
   local n = base .. ':n:' .. o
   if hub and hub ~= '' then
-    local list = string.sub(base, 1, (string.find(base, ':{', 1, true)) - 1) .. ':hub:' .. hub
+    local id, tag = string.match(hub, '^(%w+)%.?(%w*)$')
+    local list = string.sub(base, 1, (string.find(base, ':{', 1, true)) - 1) .. ':hub:' .. id
+    if tag ~= '' then n = n .. '.' .. tag end
     if type(redis.pcall('RPUSH', list, n .. '|' .. value)) == 'number' then redis.pcall('PEXPIRE', list, ttl) end
     return
   end
