@@ -184,8 +184,8 @@ def test_many_asyncio_tasks_are_served_in_queue_order_through_one_hub(server, gr
     assert [s[0] for s in granted] == order, "not served in queue order"
     tokens = [s[1] for s in granted]
     assert all(b > a for a, b in zip(tokens, tokens[1:]))
-    hub = request.split("|")[6]
-    assert len(hub) == 32, f"the waiter's request names no hub: {request}"  # its grant went to the loop's hub
+    hub, _, tag = request.split("|")[6].partition(".")     # "<hub id>.<the request's tag>"
+    assert len(hub) == 32 and tag.isalnum(), f"the waiter's request names no hub: {request}"  # its grant went to the loop's hub
 
 
 def test_threads_of_five_processes_are_served_in_queue_order(server, group):

@@ -20,8 +20,6 @@ from typing import Any
 if sys.platform != "win32":
     import fcntl
 
-from ylock.threads import start_thread
-
 from .files import Paths, ServerInfo, read_state, remove_file, server_config, write_state
 from .process import STOP_TIMEOUT, process_start
 from .server import server_info
@@ -91,7 +89,7 @@ class _Keeper:
                                             stderr=sys.stderr.fileno(), close_fds=True, cwd=paths.dir)
         if say is not None:
             say(f"server {proc.pid}")
-        start_thread(self._reap, "ylock-reaper", (proc,))
+        threading.Thread(target=self._reap, args=(proc,), name="ylock-reaper", daemon=True).start()
         while True:
             code = proc.poll()
             if code is not None:
@@ -122,7 +120,7 @@ class _Keeper:
         self.events.put(("idle", None))
 
     def run(self) -> int:
-        start_thread(self._wait_idle, "ylock-idle")
+        threading.Thread(target=self._wait_idle, name="ylock-idle", daemon=True).start()
         while True:
             kind, proc = self.events.get()
             if kind == "idle":

@@ -253,13 +253,15 @@ class Statements:
     def describe(self, group: str | None, mariadb: bool) -> str:
         """Live holds (their mark taken) of ``group`` (None: all), and the waiting statements
         of the process list in this database (their leading comment says who waits for what)
-        with how long they have waited (ms), and the server's clock."""
+        with how long they have waited (ms), and the server's clock. A killed session's
+        statement (a cancelled wait: ``KILL`` returns before the session has ended, and the
+        process list shows it as ``Killed`` until then) waits no more."""
         elapsed = "TIME_MS" if mariadb else "TIME * 1000"
         where = "" if group is None else f"grp = {text(group)} AND "
         return (f"SELECT token, kind, mode, grp, name, owner, said, since, permits, conn FROM {self.holds} "
                 f"WHERE {where}IS_USED_LOCK(mark) IS NOT NULL ORDER BY grp, name, kind, token;\n"
                 f"SELECT ID, INFO, {elapsed}, UNIX_TIMESTAMP(NOW(6)) FROM information_schema.PROCESSLIST "
-                "WHERE INFO LIKE '/*ylock {%' AND ID <> CONNECTION_ID() AND DB = DATABASE()")
+                "WHERE INFO LIKE '/*ylock {%' AND ID <> CONNECTION_ID() AND DB = DATABASE() AND COMMAND <> 'Killed'")
 
     def holders(self, lk: str) -> str:
         """The sessions that hold a live hold of key ``lk`` (force_release kills them)."""
