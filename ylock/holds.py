@@ -78,6 +78,10 @@ class RenewItem(NamedTuple):
 
 _new_item = tuple.__new__
 _INF = float("inf")
+#: How much sooner than a whole lease after the send a server may drop a hold: Redis keeps
+#: deadlines in whole milliseconds of a clock it rounds down, so a lease set at 12.3456 s
+#: runs out at 12.345 s + lease. A hold's :attr:`Renewal.expires` counts it off.
+TICK = 0.001
 
 
 class Grant(int):
@@ -105,8 +109,9 @@ class Renewal:
         self.due = due                # monotonic time the next renewal is due
         #: Monotonic time the call that granted or last renewed the lease was sent.
         self.confirmed = confirmed
-        #: Until when the server surely keeps it: ``confirmed`` plus that call's lease.
-        self.expires = confirmed + item.lease if expires is None else expires
+        #: Until when the server surely keeps it: ``confirmed`` plus that call's lease (less
+        #: the server clock's :data:`TICK`).
+        self.expires = confirmed + item.lease - TICK if expires is None else expires
 
 
 class Hold:
@@ -211,7 +216,7 @@ class HoldTable:
             granted = now
         third = hold.lease / 3
         due = granted + (first_renewal if first_renewal < third else third)
-        expires = granted + (hold.lease if first_lease is None else first_lease)
+        expires = granted + (hold.lease if first_lease is None else first_lease) - TICK
         # tuple.__new__ straight from C (a NamedTuple's own __new__ is a Python call): this
         # runs on every first acquisition.
         renewal = Renewal(_new_item(RenewItem, (hold.group, hold.name, hold.owner, mode, hold.lease)), due, granted,
@@ -254,7 +259,7 @@ class HoldTable:
             granted = now
         due = granted + min(first_renewal, hold.lease / 3)
         renewal = Renewal(RenewItem(hold.group, hold.name, hold.owner, mode, hold.lease), due, granted,
-                          granted + (hold.lease if first_lease is None else first_lease))
+                          granted + (hold.lease if first_lease is None else first_lease) - TICK)
         with self._mutex:
             hold.renewals[mode] = renewal
             self._settle(hold)
@@ -422,7 +427,7 @@ class HoldTable:
                     continue            # released (or re-acquired) while we were renewing
                 if result:
                     renewal.confirmed = started
-                    renewal.expires = started + renewal.item.lease
+                    renewal.expires = started + renewal.item.lease - TICK
                     renewal.due = started + renewal.item.lease / 3
                     self._settle(hold)
                     heapq.heappush(self._heap, (renewal.due, next(self._order), renewal, hold))

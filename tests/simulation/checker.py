@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from tests.simulation.history import Acquisition, History, HoldRecord, Try
 from tests.simulation.world import Config
 from ylock.engines.redis.steps import PROMPT
+from ylock.holds import TICK
 
 __all__ = ["check", "exact", "idle_bound", "lease_floor"]
 
@@ -102,7 +103,8 @@ def lease_floor(history: History, hold: HoldRecord, until: float, jumps: bool = 
                 answered: bool = False) -> float:
     """The earliest moment the server may have dropped ``hold`` (ran out its lease), from
     the answers its owner got before ``until``: its grant (sent at g, first lease F) holds
-    until g + F at least, each confirmed renewal sent at s with lease L until s + L; a
+    until g + F at least, each confirmed renewal sent at s with lease L until s + L (less
+    the server's millisecond, ``ylock.holds.TICK``: Redis rounds its clock down); a
     ticket's and an adopted hold's lease continue their parent's. With ``jumps``, less any
     forward jump of the server's clock since (its owner cannot know of those)."""
     if hold.how in ("ticket", "adopt") and hold.parent is not None:
@@ -111,10 +113,10 @@ def lease_floor(history: History, hold: HoldRecord, until: float, jumps: bool = 
         start = hold.start - parent.lease
     else:
         start, _ = _grant_floor(history, hold, answered)
-        best = start + hold.first_lease
+        best = start + hold.first_lease - TICK
     for sent, done, result, _call, lease in hold.renewals:
-        if result and done <= until + EPS and sent + lease > best:
-            best, start = sent + lease, sent
+        if result and done <= until + EPS and sent + lease - TICK > best:
+            best, start = sent + lease - TICK, sent
     return best - _forward_jumps(history, start, until) if jumps else best
 
 

@@ -236,6 +236,10 @@ class World(Programs):
         if proc.crashed or task.gen is None:
             return
         if proc.paused_until is not None:
+            # Its wake-up is taken (no other may be scheduled for it: a watchdog woken by a
+            # timer during the pause and again by a renewal scheduled after it would read
+            # its next call's answer from the second wake-up).
+            task.waiting = None
             proc.deferred.append((task, value, exc))
             return
         task.waiting = task.sleep_until = task.call = None
