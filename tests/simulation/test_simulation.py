@@ -106,6 +106,8 @@ REGRESSIONS = {
           "beside the ticket's write; its new read request took it (adopt.lua drops it)",
     20: "a new hold whose first renewal did not come through was taken for held for a whole "
         "lease, its first lease (the waiter's) long run out (ylock.holds)",
+    2024: "a new request of an owner kept the queue place of its request given up on (its answer "
+          "never came), ahead of a fair writer queued since (acquire.lua: a new request dequeues it)",
     5685: "a ticket's write ran out 70 us before a whole lease after its renewal's send (Redis's deadlines "
           "are whole milliseconds of a clock rounded down) and another writer was granted it: leases are "
           "counted less that millisecond (ylock.holds.TICK, and the checker's model of the server)",
