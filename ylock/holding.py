@@ -19,7 +19,7 @@ from ylock import events, exiting, options, sigterm, tickets
 from ylock.engines.base import READ, WRITE, AcquireRequest, Engine, cancelling
 from ylock.errors import LockLost, LockNotOwned, LockTimeout, LockUpgradeError
 from ylock.guard import DEFAULT, Guard
-from ylock.holds import HOLDS, LOCK, Hold
+from ylock.holds import HOLDS, LOCK, Grant, Hold
 from ylock.names import check_group, check_name
 from ylock.owner import _doing, current_owner, describe_holder
 from ylock.tickets import Ticket
@@ -100,9 +100,11 @@ class Holding:
 
     @property
     def lost(self) -> bool:
-        """True once this thread's hold could not be renewed (it may be someone else's now)."""
+        """True once this thread's hold could not be renewed (it may be someone else's now):
+        from the moment its lease may have run out on the server, before anyone else can
+        be granted it, even while the watchdog still waits for a renewal's answer."""
         hold = self._hold()
-        return hold is not None and hold.lost
+        return hold is not None and HOLDS.lost_now(hold)
 
     def guard(self, mode: str, timeout: float | None = DEFAULT, *,
               context: Mapping[str, Any] | None = None) -> Guard:
@@ -148,7 +150,9 @@ class Holding:
             raise LockLost("the server refused this write holder its downgrade to read: the write "
                            "hold is gone", group=self.group, name=self.name)
         hold.reads = 1
-        if HOLDS.renew_from(hold, READ, self.polling.waiter_lease / 3):
+        waiter_lease = self.polling.waiter_lease
+        if HOLDS.renew_from(hold, READ, waiter_lease / 3, token.granted if token.__class__ is Grant else None,
+                            min(self.lease, waiter_lease)):
             WATCHDOG.ensure_running()
         return True
 
@@ -164,6 +168,12 @@ class Holding:
                 raise LockTimeout(f"could not acquire {self._what(mode)} within {timeout} s",
                                   group=self.group, name=self.name)
             return False
+        # A grant lasts the waiter's short lease on the server until the watchdog renews it:
+        # counted from when the call that granted it was sent if the engine says (a Grant),
+        # else from its answer.
+        granted = None
+        if token.__class__ is Grant:
+            granted, token = token.granted, int(token)
         hold = Hold(self.engine, self.group, self.name, owner, self.lease, token, self.kind)
         if mode == WRITE:
             hold.writes = 1
@@ -171,7 +181,9 @@ class Holding:
             hold.reads = 1
         # The watchdog's thread is started once: looked at here before calling ensure_running
         # (its check_fork ran already: current_owner() checks for a fork on every lock call).
-        if HOLDS.add(hold, mode, self.polling.waiter_lease / 3) and WATCHDOG._thread is None:
+        waiter_lease = self.polling.waiter_lease
+        if HOLDS.add(hold, mode, waiter_lease / 3, granted, self.lease if self.lease < waiter_lease else waiter_lease) \
+                and WATCHDOG._thread is None:
             WATCHDOG.ensure_running()
         if not sigterm.checked:
             sigterm.install(exiting.release_all, exiting.EXIT_BUDGET)   # `kill PID` of a script gives its holds back

@@ -17,6 +17,12 @@ hold is marked lost. One table per process (:data:`HOLDS`); every other part rea
   watch, a release that found nothing) calls :meth:`HoldTable.mark_lost`, which flags the
   hold and publishes one ``lost`` event. Engines report loss here and never import the
   watchdog.
+- A renewed hold is also lost, without anyone hearing so, once its lease may have run out
+  on the server (:attr:`Hold.expires`: the send time of the call that granted or last
+  renewed it, plus that call's lease): :meth:`HoldTable.lost_now` tells its owner so from
+  that moment (``lock.lost``), before the server can grant the lock to anyone else, and
+  the watchdog marks it at that moment too (:meth:`HoldTable.overdue`, a second heap, of
+  the holds' expiries).
 
 After a fork the child starts with an empty table: it inherits no holds (also after a fork
 made from C, noticed on the child's first use: :func:`ylock.owner.after_fork`).
@@ -71,17 +77,41 @@ class RenewItem(NamedTuple):
 
 
 _new_item = tuple.__new__
+_INF = float("inf")
+#: How much sooner than a whole lease after the send a server may drop a hold: Redis keeps
+#: deadlines in whole milliseconds of a clock it rounds down, so a lease set at 12.3456 s
+#: runs out at 12.345 s + lease. A hold's :attr:`Renewal.expires` counts it off.
+TICK = 0.001
+
+
+class Grant(int):
+    """A fencing token that says when its grant began: an engine's ``acquire`` may return
+    one instead of a bare ``int`` when the answer may have come long after the server
+    granted (a waiter's steps, a paused client). ``granted`` (``time.monotonic()``) is when
+    the call that granted it was sent: the server's lease began no earlier, so the hold
+    table counts the hold's first lease from it, not from the answer."""
+
+    granted: float
+
+    def __new__(cls, token: int, granted: float) -> Grant:
+        self = int.__new__(cls, token)
+        self.granted = granted
+        return self
 
 
 class Renewal:
     """One mode of a hold, as the watchdog renews it."""
 
-    __slots__ = ("item", "due", "confirmed")
+    __slots__ = ("item", "due", "confirmed", "expires")
 
-    def __init__(self, item: RenewItem, due: float, confirmed: float) -> None:
+    def __init__(self, item: RenewItem, due: float, confirmed: float, expires: float | None = None) -> None:
         self.item = item
         self.due = due                # monotonic time the next renewal is due
-        self.confirmed = confirmed    # monotonic time the server last confirmed the lease
+        #: Monotonic time the call that granted or last renewed the lease was sent.
+        self.confirmed = confirmed
+        #: Until when the server surely keeps it: ``confirmed`` plus that call's lease (less
+        #: the server clock's :data:`TICK`).
+        self.expires = confirmed + item.lease - TICK if expires is None else expires
 
 
 class Hold:
@@ -89,7 +119,7 @@ class Hold:
     permits count as ``reads``), token, lost flag, renewals."""
 
     __slots__ = ("engine", "group", "name", "owner", "lease", "writes", "reads", "token",
-                 "started", "lost", "lost_reason", "renewals", "kind", "span", "_lost_published", "key")
+                 "started", "lost", "lost_reason", "renewals", "kind", "span", "_lost_published", "key", "expires")
 
     def __init__(self, engine: Engine, group: str, name: str, owner: str, lease: float, token: int,
                  kind: str = LOCK) -> None:
@@ -106,6 +136,10 @@ class Hold:
         self.lost = False
         self.lost_reason = ""
         self.renewals: dict[str, Renewal] = {}
+        #: Until when the server surely keeps every renewed mode (the earliest of their
+        #: :attr:`Renewal.expires`; infinite while nothing is renewed): from then on the hold
+        #: is lost unless a renewal sent before confirms it (:meth:`HoldTable.lost_now`).
+        self.expires = _INF
         self.span: Any = None              # the hold's trace span (ylock.tracing), if traced
         self._lost_published = False
         #: Its place in :attr:`HoldTable.by_key` (built once: the lock path looks it up per call).
@@ -141,6 +175,9 @@ class HoldTable:
         #: The renewal schedule: (due, sequence, renewal, hold), the earliest first. An entry
         #: whose renewal is no longer its hold's, or is due at another time now, is stale.
         self._heap: list[tuple[float, int, Renewal, Hold]] = []
+        #: The holds' expiries: (expires, sequence, hold), the earliest first; an entry whose
+        #: hold expires at another time now (renewed, released, lost) is stale.
+        self._expiries: list[tuple[float, int, Hold]] = []
         self._reset()
 
     def _reset(self) -> None:
@@ -151,6 +188,7 @@ class HoldTable:
         self.changed = threading.Condition(self._mutex)
         self.by_key.clear()
         self._heap.clear()
+        self._expiries.clear()
         self._order = itertools.count()
         #: When the renewal thread means to look at the schedule next (it sets this before
         #: it sleeps); a renewal due earlier must wake it.
@@ -164,7 +202,8 @@ class HoldTable:
         """Return the hold for (engine, group, name, owner), or None (no lock taken)."""
         return self.by_key.get(key)
 
-    def add(self, hold: Hold, mode: str | None = None, first_renewal: float = 0.0) -> bool:
+    def add(self, hold: Hold, mode: str | None = None, first_renewal: float = 0.0, granted: float | None = None,
+            first_lease: float | None = None) -> bool:
         """Record a first acquisition; with ``mode``, also have that mode renewed as
         :meth:`renew_from` does (under the same acquisition of the table's lock). Return
         whether a renewal was scheduled (False: no ``mode``, or its engine needs none)."""
@@ -173,19 +212,29 @@ class HoldTable:
                 self.by_key[hold.key] = hold
             return False
         now = time.monotonic()
+        if granted is None or granted > now:
+            granted = now
         third = hold.lease / 3
-        due = now + (first_renewal if first_renewal < third else third)
+        due = granted + (first_renewal if first_renewal < third else third)
+        expires = granted + (hold.lease if first_lease is None else first_lease) - TICK
         # tuple.__new__ straight from C (a NamedTuple's own __new__ is a Python call): this
         # runs on every first acquisition.
-        renewal = Renewal(_new_item(RenewItem, (hold.group, hold.name, hold.owner, mode, hold.lease)), due, now)
+        renewal = Renewal(_new_item(RenewItem, (hold.group, hold.name, hold.owner, mode, hold.lease)), due, granted,
+                          expires)
         with self._mutex:
             self.by_key[hold.key] = hold
             hold.renewals[mode] = renewal
-            heapq.heappush(self._heap, (due, next(self._order), renewal, hold))
+            hold.expires = expires           # (a new hold: its one renewal)
+            order = self._order
+            heapq.heappush(self._heap, (due, next(order), renewal, hold))
+            heapq.heappush(self._expiries, (expires, next(order), hold))
             self.scheduled_at = now
             if due < self.wake_at:           # see renew_from
                 self.wake_at = due
                 self.changed.notify()
+        if expires <= now:
+            # Its answer came after the server may have dropped it (a late answer, a pause).
+            self.lost_now(hold)
         return True
 
     def remove(self, hold: Hold) -> None:
@@ -193,19 +242,27 @@ class HoldTable:
         key = hold.key
         with self._mutex:
             hold.renewals.clear()
+            hold.expires = _INF
             if self.by_key.get(key) is hold:
                 del self.by_key[key]
 
-    def renew_from(self, hold: Hold, mode: str, first_renewal: float) -> bool:
-        """Have ``mode`` of ``hold`` renewed, the first time after ``first_renewal`` seconds
-        (at most a third of its lease); return False if its engine needs no renewal."""
+    def renew_from(self, hold: Hold, mode: str, first_renewal: float, granted: float | None = None,
+                   first_lease: float | None = None) -> bool:
+        """Have ``mode`` of ``hold`` renewed, the first time ``first_renewal`` seconds (at
+        most a third of its lease) after ``granted`` (when the call that granted it was
+        sent; default now), the server keeping it ``first_lease`` seconds from then (default
+        its lease); return False if its engine needs no renewal."""
         if not hold.engine.needs_renewal:
             return False
         now = time.monotonic()
-        due = now + min(first_renewal, hold.lease / 3)
-        renewal = Renewal(RenewItem(hold.group, hold.name, hold.owner, mode, hold.lease), due, now)
+        if granted is None or granted > now:
+            granted = now
+        due = granted + min(first_renewal, hold.lease / 3)
+        renewal = Renewal(RenewItem(hold.group, hold.name, hold.owner, mode, hold.lease), due, granted,
+                          granted + (hold.lease if first_lease is None else first_lease) - TICK)
         with self._mutex:
             hold.renewals[mode] = renewal
+            self._settle(hold)
             heapq.heappush(self._heap, (due, next(self._order), renewal, hold))
             self.scheduled_at = now
             # Waking the renewal thread costs the lock path a context switch and the GIL:
@@ -213,6 +270,8 @@ class HoldTable:
             if due < self.wake_at:
                 self.wake_at = due
                 self.changed.notify()
+        if renewal.expires <= now:
+            self.lost_now(hold)
         return True
 
     def stop_renewing(self, hold: Hold, mode: str) -> None:
@@ -221,6 +280,7 @@ class HoldTable:
             return
         with self._mutex:
             hold.renewals.pop(mode, None)
+            self._settle(hold)
 
     # -- reading -----------------------------------------------------------------------
 
@@ -248,9 +308,27 @@ class HoldTable:
                        and (owner is None or h.owner == owner) and (kind is None or h.kind == kind)]
             for hold in victims:
                 hold.renewals.clear()
+                hold.expires = _INF
         for hold in victims:
             self.lose(hold, detail)
         return len(victims)
+
+    def lost_now(self, hold: Hold) -> bool:
+        """Return whether ``hold`` is lost: marked so, or its lease may have run out on the
+        server by now with no renewal confirmed (then it is marked lost here: its owner is
+        told before the server can grant the lock to anyone else)."""
+        if hold.lost:
+            return True
+        if hold.expires > time.monotonic():
+            return False
+        with self._mutex:
+            now = time.monotonic()
+            if hold.lost or hold.expires > now:     # renewed meanwhile, or marked already
+                return hold.lost
+            hold.renewals.clear()
+            hold.expires = _INF
+        self.lose(hold, "its lease may have run out: no renewal was confirmed in time")
+        return True
 
     def lose(self, hold: Hold, reason: str) -> None:
         """Flag ``hold`` lost (keeping the first reason) and publish one ``lost`` event."""
@@ -264,6 +342,38 @@ class HoldTable:
                            owner=hold.owner, token=hold.token, detail=hold.lost_reason)
 
     # -- the renewal schedule (the watchdog's side) ---------------------------------------
+
+    def _settle(self, hold: Hold) -> None:
+        """Recompute :attr:`Hold.expires` from its renewals (a renewal confirmed, a mode
+        gone) and schedule it in the expiries. Call with :attr:`changed` held."""
+        renewals = hold.renewals
+        if not renewals:
+            hold.expires = _INF
+            return
+        expires = min(r.expires for r in renewals.values())
+        if expires != hold.expires:
+            hold.expires = expires
+            heapq.heappush(self._expiries, (expires, next(self._order), hold))
+
+    def overdue(self, now: float) -> list[Hold]:
+        """Take the renewals of every hold whose lease may have run out by ``now`` (no
+        renewal confirmed in time) and return those holds, for the caller to mark lost
+        outside the lock. O(log n) per expiry looked at. Call with :attr:`changed` held."""
+        out = []
+        heap = self._expiries
+        while heap and heap[0][0] <= now:
+            expires, _, hold = heapq.heappop(heap)
+            if hold.expires == expires and not hold.lost:
+                hold.renewals.clear()
+                hold.expires = _INF
+                out.append(hold)
+        return out
+
+    def next_expiry(self) -> float | None:
+        """When the next hold's lease may run out (or a stale entry for one comes up), or
+        None. Call with :attr:`changed` held."""
+        heap = self._expiries
+        return heap[0][0] if heap else None
 
     def _top(self) -> tuple[float, int, Renewal, Hold] | None:
         """The schedule's earliest live entry (stale ones above it dropped), or None."""
@@ -302,10 +412,11 @@ class HoldTable:
 
     def renewed(self, batch: list[tuple[Hold, Renewal]], results: list[bool | None], started: float) -> \
             tuple[list[tuple[Hold, str]], list[tuple[Hold, str]]]:
-        """Apply the outcome of renewing ``batch`` (sent at ``started``): True renewed, False
-        lost (another owner or none), None unknown (no answer: retried soon; lost once a whole
-        lease passed since the last confirmation). Return (renewed holds with their mode, lost
-        holds with why); the caller publishes, outside the lock."""
+        """Apply the outcome of renewing ``batch`` (sent at ``started``): True renewed (the
+        server keeps it a lease from ``started`` at least), False lost (another owner or
+        none), None unknown (no answer: retried soon, and no later than when its lease may
+        run out; lost from then). Return (renewed holds with their mode, lost holds with
+        why); the caller publishes, outside the lock."""
         now = time.monotonic()
         renewed: list[tuple[Hold, str]] = []
         lost: list[tuple[Hold, str]] = []
@@ -316,17 +427,22 @@ class HoldTable:
                     continue            # released (or re-acquired) while we were renewing
                 if result:
                     renewal.confirmed = started
+                    renewal.expires = started + renewal.item.lease - TICK
                     renewal.due = started + renewal.item.lease / 3
+                    self._settle(hold)
                     heapq.heappush(self._heap, (renewal.due, next(self._order), renewal, hold))
                     renewed.append((hold, mode))
                 elif result is False:
                     del hold.renewals[mode]
+                    self._settle(hold)
                     lost.append((hold, "renewal found another owner or no lock"))
-                elif now - renewal.confirmed >= renewal.item.lease:
+                elif now >= renewal.expires:
                     del hold.renewals[mode]
-                    lost.append((hold, "server unreachable for a whole lease"))
+                    self._settle(hold)
+                    lost.append((hold, "server unreachable until its lease may have run out"))
                 else:
-                    renewal.due = now + min(1.0, renewal.item.lease / 10)
+                    retry = now + min(1.0, renewal.item.lease / 10)
+                    renewal.due = retry if retry < renewal.expires else renewal.expires
                     heapq.heappush(self._heap, (renewal.due, next(self._order), renewal, hold))
         return renewed, lost
 

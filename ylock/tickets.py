@@ -4,6 +4,7 @@ by another thread or process, its token unchanged (:meth:`ylock.Lock.detach`,
 a ticket that is never adopted blocks others."""
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -97,14 +98,19 @@ def adopt(engine: Engine, t: Ticket, target: Any) -> None:
     if not engine.adopt(t.group, t.name, t.mode, t.owner, owner, t.token):
         raise LockLost("the ticket's hold is gone: its lease ran out, it was force-released, or it was "
                        "adopted already", group=t.group, name=t.name)
+    granted = first_lease = None
     if engine.needs_renewal:
-        # From now on the adopter's lease, not what was left of the ticket's.
-        engine.renew([RenewItem(t.group, t.name, owner, t.mode, target.lease)])
+        # From now on the adopter's lease, not what was left of the ticket's, counted from
+        # when the renewal was sent. Unconfirmed, how long the server keeps the hold is not
+        # known here (what was left of the ticket's lease): it is lost at once.
+        granted = time.monotonic()
+        renewed, = engine.renew([RenewItem(t.group, t.name, owner, t.mode, target.lease)])
+        first_lease = target.lease if renewed else 0.0
     hold = Hold(engine, t.group, t.name, owner, target.lease, t.token, t.kind)
     if t.mode == WRITE:
         hold.writes = 1
     else:
         hold.reads = 1
-    if HOLDS.add(hold, t.mode, target.lease / 3):
+    if HOLDS.add(hold, t.mode, target.lease / 3, granted, first_lease):
         WATCHDOG.ensure_running()
     events.publish(events.ADOPTED, t.group, t.name, engine.scheme, t.mode, owner=owner, token=t.token)

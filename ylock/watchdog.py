@@ -19,8 +19,12 @@ for their own due time (:meth:`~ylock.holds.HoldTable.due`). So 20,000 holds tak
 are renewed as a stream of pipelines of 2,000, not one burst of 20,000 every period.
 
 A renewal that finds another owner marks the hold lost at once. A renewal that cannot
-reach the server is retried; once a whole lease has gone by since the last confirmed
-renewal the server may have expired the hold, so it is marked lost too.
+reach the server is retried, the last time before the hold's lease may run out on the
+server (its first lease, the waiter's, counted from when the call that granted it was
+sent; later ones from when the last confirmed renewal was sent); from that moment the
+hold is lost: the thread marks it then, and ``lock.lost`` says so even while the thread
+still waits for an answer (:meth:`~ylock.holds.HoldTable.lost_now`), before the server
+can grant the lock to anyone else.
 
 Falling behind: a renewal sent more than a sixth of its lease after it was due means the
 thread does not keep up (too many holds for the process's CPU, a starved thread, a server
@@ -81,15 +85,26 @@ class Watchdog:
 
     def _run(self) -> None:
         while True:
-            for engine, batch in self._next_batches().items():
+            batches, overdue = self._next_batches()
+            for hold in overdue:
+                self.table.lose(hold, "its lease may have run out: no renewal was confirmed in time")
+            for engine, batch in batches.items():
                 self._renew(engine, batch)
 
-    def _next_batches(self) -> dict[Engine, list[tuple[Hold, Renewal]]]:
+    def _next_batches(self) -> tuple[dict[Engine, list[tuple[Hold, Renewal]]], list[Hold]]:
+        """Wait until a renewal is due; return the batches due and the holds whose lease may
+        have run out meanwhile (to be marked lost)."""
         table = self.table
         with table.changed:
             while True:
                 now = time.monotonic()
+                overdue = table.overdue(now)
+                if overdue:
+                    return {}, overdue
                 earliest = table.earliest_due()
+                expiry = table.next_expiry()
+                if expiry is not None and (earliest is None or expiry < earliest):
+                    earliest = expiry
                 if earliest is None:
                     # Nothing to renew: tick slowly for a while rather than sleep for good.
                     # A hold's first renewal is due a third of a second or more after it
@@ -107,7 +122,7 @@ class Watchdog:
                     table.changed.wait(earliest - now)
                     continue
                 table.wake_at = now
-                return table.due(now, SPREAD)
+                return table.due(now, SPREAD), []
 
     def stats(self) -> dict[str, float]:
         """What the thread did in this process: ``renewals`` sent, in ``batches``, taking

@@ -398,7 +398,7 @@ class RedisEngine(AsyncVerbs, Engine):
 
     def adopt(self, group: str, name: str, mode: str, old_owner: str, new_owner: str, token: int) -> bool:
         with self._errors(group, name):
-            return bool(self._run("adopt", self.keys.renewed(group, name, mode), [old_owner, new_owner, mode,
+            return bool(self._run("adopt", self.keys.adopted(group, name, mode), [old_owner, new_owner, mode,
                                                                                    str(token)],
                                   time.monotonic() + self.socket_timeout))
 

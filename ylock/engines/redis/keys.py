@@ -118,6 +118,14 @@ class Keys:
             return (f"{base}:x",)
         return (f"{base}:s", f"{base}:t", f"{base}:c") if mode == PERMIT else (f"{base}:s", f"{base}:t")
 
+    def adopted(self, group: str, name: str, mode: str) -> tuple[str, ...]:
+        """The keys adopt.lua declares: a writer's x, s and t (a read its old owner holds
+        unknowingly goes with the write), else as :meth:`renewed`."""
+        if mode == WRITE:
+            base = self.base(group, name, mode)
+            return (f"{base}:x", f"{base}:s", f"{base}:t")
+        return self.renewed(group, name, mode)
+
     @staticmethod
     def notify(x_key: str, owner: str) -> str:
         """The notify list of ``owner`` waiting for the lock (or semaphore) of ``x_key``."""

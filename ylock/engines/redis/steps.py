@@ -15,8 +15,14 @@ from ylock.engines.redis.calls import PoolBusy
 from ylock.engines.redis.parts import EngineParts
 from ylock.engines.redis.scripts import ACQUIRE, RELEASE, Acquired, TryFlags, release_args
 from ylock.errors import EngineUnavailable
+from ylock.holds import Grant
 
-__all__ = ["Acquire", "Pop", "Release", "Sleep", "acquire_steps", "not_run", "queued_too_late"]
+__all__ = ["PROMPT", "Acquire", "Pop", "Release", "Sleep", "acquire_steps", "not_run", "queued_too_late"]
+
+#: A first try answered within this many seconds of its send may be answered as a bare
+#: token, whose lease the facade counts from the answer (it is off by less than this); one
+#: answered later goes through :func:`acquire_steps` with its send time.
+PROMPT = 0.001
 
 
 class Acquire(NamedTuple):
@@ -54,9 +60,19 @@ class Sleep(NamedTuple):
     seconds: float
 
 
-def acquire_steps(engine: EngineParts, r: AcquireRequest, keys: tuple[str, ...], args: list[Any], reply: Any) -> Steps:
-    """The rest of an acquisition, after the first reply (None: not tried yet): queueing,
-    waiting for a grant or a poll, trying again until the deadline.
+def acquire_steps(engine: EngineParts, r: AcquireRequest, keys: tuple[str, ...], args: list[Any], reply: Any,
+                  sent: float | None = None) -> Steps:
+    """The rest of an acquisition, after the first reply (None: not tried yet; ``sent``: when
+    its try was sent, if known): queueing, waiting for a grant or a poll, trying again until
+    the deadline.
+
+    A grant is answered as a :class:`~ylock.holds.Grant`, with the send time of the call
+    that granted it (a try of ours; for a grant a releaser pushed to us, our last try,
+    after which it was made), from which the hold's first lease counts, min(lease, waiter
+    lease): a grant whose answer came after that could have run out (a paused client, a
+    late answer) is confirmed by one more try, which finds it ours and starts its lease
+    again with the same token, or queues us if it was lost meanwhile. (A first reply whose
+    send time is not known is answered as a bare token: its lease counts from the answer.)
 
     Three quantities, three names: ``r.deadline`` is the wait's budget (the caller's, absolute,
     ``time.monotonic()``); a pop's ``block`` is how long the server blocks it; an operation's
@@ -68,6 +84,8 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, keys: tuple[str, ...],
     first waits (the facade tells its watchers). ``keys`` are the acquire script's: the
     lock's, then the owner's notify list (what the releases take: the lock's)."""
     waiter_lease = r.polling.waiter_lease
+    first_lease = min(r.lease, waiter_lease)
+    tried = sent                     # when the try whose reply we hold was sent (None: unknown)
     fair = bool(r.fair)
     intervals = r.polling.intervals()
     notify_key = keys[-1]
@@ -90,6 +108,7 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, keys: tuple[str, ...],
                     raise EngineUnavailable(f"Redis at {engine.url_for_display()} did not answer in time",
                                             group=r.group, name=r.name)
                 args[2] = TryFlags(fair, stay=not last_try, queued=queued, holders=told is not None).encode()
+                tried = now
                 try:
                     reply, acked = yield Acquire(ACQUIRE[r.mode], keys, args, end)
                     unreachable_since = None
@@ -108,14 +127,20 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, keys: tuple[str, ...],
                     yield Sleep(min(next(intervals), 0.1))
                     continue
             if reply.__class__ is int:
+                if tried is not None and time.monotonic() >= tried + first_lease:
+                    reply, queued = None, True       # answered too late: confirm it (see above)
+                    continue
                 yield from confirm_steps(engine, r, lock_keys, acked)
-                return int(reply)
+                return int(reply) if tried is None else Grant(reply, tried)
             answer = Acquired.of(reply)
             if answer.evicted:
                 engine._publish_evicted(r.group, r.name, answer.evicted)
             if answer.granted:
+                if tried is not None and time.monotonic() >= tried + first_lease:
+                    reply, queued = None, True
+                    continue
                 yield from confirm_steps(engine, r, lock_keys, acked)
-                return answer.value
+                return answer.value if tried is None else Grant(answer.value, tried)
             queued = True
             if last_try:
                 return None
@@ -140,11 +165,12 @@ def acquire_steps(engine: EngineParts, r: AcquireRequest, keys: tuple[str, ...],
                 continue           # the next try finds out whether the server is back
             if popped is None or popped[1] == b"wake":
                 continue
-            if engine.wait_replicas:
-                # the grant was written by the releaser's connection: confirm ours
-                # with one more script call, which finds the grant and re-writes it.
+            if engine.wait_replicas or (tried is not None and time.monotonic() >= tried + first_lease):
+                # With wait_replicas: the grant was written by the releaser's connection:
+                # confirm ours with one more script call, which finds the grant and
+                # re-writes it. Also a grant popped after its lease could have run out.
                 continue
-            return int(popped[1])
+            return int(popped[1]) if tried is None else Grant(int(popped[1]), tried)
     except Abandon:
         # The caller gave up (a cancelled task) while queued, or while a grant was on its
         # way: leave the queue in a last try that does not wait, and give back a grant.

@@ -37,6 +37,10 @@ if mode == 'write' and not queued and fair and stay then
   local tok, dl, wctx, writer = x_record()
   local now = clock()
   if writer and writer ~= '' and writer ~= o and dl > now then
+    -- A new request of this owner: one it gave up on (its answer never came) neither keeps
+    -- its place in the queue nor leaves a grant in its notify list for this one to take.
+    if redis.call('HDEL', K.w, o) == 1 then redis.call('LREM', K.q, 1, o) end
+    redis.call('DEL', K.n)
     enqueue(o, request('write', ARGV[4], now, ARGV[5], '1', ARGV[6], ARGV[7]), wlease)
     if string.sub(ARGV[3], 4, 4) ~= '1' then return {0, dl - now} end
     return {0, dl - now, wctx ~= '' and {writer, fmt(math.floor(tonumber(tok) / 1000)) .. '|' .. wctx} or {}}
@@ -49,11 +53,25 @@ end
 local now = clock()
 local writer, wtok = writer_of()
 
+-- A new request finding a read of its own (granted to a request whose answer never came)
+-- takes it with a new token: every first acquisition's token is above all issued before.
+local function fresh_read()
+  if queued or writer then return nil end
+  local tok = next_token()
+  fence_to(tok)
+  return tok
+end
+
 -- Fast path for a reader: no writer holds and nobody waits.
 if mode == 'read' and not writer and not queued and redis.call('LLEN', K.q) == 0 then
   index_add()
-  return {1, grant_read(o, lease, now, nil, ARGV[6])}
+  return {1, grant_read(o, lease, now, fresh_read(), ARGV[6])}
 end
+
+-- A new request (not queued as far as the owner knows): a request it gave up on (its answer
+-- never came) neither keeps its place ahead of those who asked since nor leaves a grant in
+-- its notify list for this one to take (a stale read grant taken as a write grant).
+if not queued then dequeue(o) end
 
 -- (A non-fair writer asking while another writer holds: as the fair one above, it only
 -- joins the queue, so it skips the readers' expiry and the dead-head eviction.)
@@ -67,14 +85,15 @@ local function done(status, value)
   return out
 end
 
--- Granted by a releaser while we waited: take it (its lease starts again).
+-- Granted by a releaser while we waited: take it (its lease starts again). A new request
+-- finding a grant (one of a request whose answer never came) takes it with a new token.
 if mode == 'write' and writer == o then
   dequeue(o)
-  return done(1, grant_write(o, lease, wtok, ARGV[6]))
+  return done(1, grant_write(o, lease, queued and wtok or nil, ARGV[6]))
 end
 if mode == 'read' and redis.call('ZSCORE', K.s, o) then
   dequeue(o)
-  return done(1, grant_read(o, lease, now, nil, ARGV[6]))
+  return done(1, grant_read(o, lease, now, fresh_read(), ARGV[6]))
 end
 -- A writer downgrading: it may always read, with its own token (and, if it says nothing
 -- now, what it said as the writer).
@@ -100,6 +119,7 @@ if stay then
   -- liveness, so a poll refreshes one field.
   if not (queued and refresh(o, now + wlease)) then
     index_add()                        -- a lock with a queue is listed
+    redis.call('DEL', K.n)             -- a grant pushed for an earlier request is not this one's
     enqueue(o, request(mode, ARGV[4], now, ARGV[5], string.sub(ARGV[3], 1, 1), ARGV[6], ARGV[7]), wlease)
   else
     extend(K.q, wlease)

@@ -45,6 +45,8 @@ local fair = string.sub(ARGV[3], 1, 1) == '1'
 local stay = string.sub(ARGV[3], 2, 2) == '1'
 local queued = string.sub(ARGV[3], 3, 3) == '1'
 local now = clock()
+-- A new request: one it gave up on neither keeps its place nor leaves a grant (see acquire.lua).
+if not queued then dequeue(o) end
 expire_readers(now)
 remember_permits(permits, math.max(tonumber(ARGV[4]), wlease) * 2)
 local evicted = {}
@@ -55,10 +57,16 @@ local function done(status, value)
   return out
 end
 
--- Granted by a releaser while we waited (or asked again while holding): take it.
+-- Granted by a releaser while we waited (or asked again while holding): take it; a new
+-- request with a new token (see acquire.lua).
 if redis.call('ZSCORE', K.s, o) then
   dequeue(o)
-  return done(1, grant_read(o, lease, now, nil, ARGV[6]))
+  local tok
+  if not queued then
+    tok = next_token()
+    fence_to(tok)
+  end
+  return done(1, grant_read(o, lease, now, tok, ARGV[6]))
 end
 -- Non-fair: a free permit is taken before the queue is served.
 if not fair and redis.call('ZCARD', K.s) < permits then
@@ -80,6 +88,7 @@ if stay then
   -- The request carries the waiter's description and liveness (see acquire.lua).
   if not (queued and refresh(o, now + wlease)) then
     index_add()
+    redis.call('DEL', K.n)             -- a grant pushed for an earlier request is not this one's
     enqueue(o, request('permit', ARGV[4], now, ARGV[5], string.sub(ARGV[3], 1, 1), ARGV[6], ARGV[7]), wlease)
   else
     extend(K.q, wlease)
