@@ -86,11 +86,17 @@ def crowded(server):
     client.flushall()
     client.eval("for i = 1, 20000 do redis.call('SET', 'cache:item:' .. i, 'v') end", 0)
     engine = ylock.engine_from_url(server.url)
-    users = ylock.Locks(engine, "users", lease=60.0)
+    renewed = ylock.WATCHDOG.stats()["renewals"]
+    users = ylock.Locks(engine, "users", lease=600.0)
     for i in range(2000):
         users.lock(f"user-{i:05d}")
-    orders = ylock.Lock(engine, "orders", "global", lease=60.0)
+    orders = ylock.Lock(engine, "orders", "global", lease=600.0)
     orders.lock()
+    # The tests count the server's commands while they list: every hold's first renewal (a
+    # third of the waiter lease after its grant) done before they start, the next ones 200 s
+    # later (a CI run counted 1,065 renewals' EVALSHA inside one describe).
+    wait_until(lambda: ylock.WATCHDOG.stats()["renewals"] - renewed >= 2001, timeout=120,
+               what="the holds' first renewals")
     yield engine, client
     orders.unlock()
     for i in range(2000):
