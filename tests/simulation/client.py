@@ -204,6 +204,23 @@ class RedisProtocol:
         """:func:`ylock.engines.base.run_steps`, each operation done by the world."""
         try:
             op = next(steps)
+        except StopIteration as stop:
+            return stop.value
+        return (yield from self._drive(steps, op))
+
+    def _abandon_first(self, steps: Ops) -> Ops:
+        """:func:`ylock.engines.base.run_abandon_first`, each operation done by the world."""
+        try:
+            next(steps)
+            op = steps.throw(Abandon())
+            yield from self._drive(steps, op)
+        except (StopIteration, Abandon, EngineUnavailable):
+            return
+
+    def _drive(self, steps: Ops, op: Any) -> Ops:
+        """Do ``op`` and every operation the steps ask for after it; return what they return
+        (an error of the world is thrown into the steps, as the engine's runners do)."""
+        try:
             while True:
                 try:
                     result = yield self._op(op)
@@ -213,21 +230,6 @@ class RedisProtocol:
                     op = steps.send((result, 0) if isinstance(op, Acquire) else result)
         except StopIteration as stop:
             return stop.value
-
-    def _abandon_first(self, steps: Ops) -> Ops:
-        """:func:`ylock.engines.base.run_abandon_first`, each operation done by the world."""
-        try:
-            next(steps)
-            op = steps.throw(Abandon())
-            while True:
-                try:
-                    result = yield self._op(op)
-                except EngineUnavailable as exc:
-                    op = steps.throw(exc)
-                else:
-                    op = steps.send((result, 0) if isinstance(op, Acquire) else result)
-        except (StopIteration, Abandon, EngineUnavailable):
-            return
 
     def release(self, group: str, name: str, owner: str, mode: str) -> Ops:
         keys = self.lock_keys(group, name, mode)
