@@ -152,7 +152,7 @@ class Holding:
         hold.reads = 1
         waiter_lease = self.polling.waiter_lease
         if HOLDS.renew_from(hold, READ, waiter_lease / 3, token.granted if token.__class__ is Grant else None,
-                            min(self.lease, waiter_lease)):
+                            min(self.lease, waiter_lease) if self.engine.grants_waiter_lease else None):
             WATCHDOG.ensure_running()
         return True
 
@@ -181,9 +181,10 @@ class Holding:
             hold.reads = 1
         # The watchdog's thread is started once: looked at here before calling ensure_running
         # (its check_fork ran already: current_owner() checks for a fork on every lock call).
+        # (the first lease: the waiter's where the engine grants with it, else the whole lease)
         waiter_lease = self.polling.waiter_lease
-        if HOLDS.add(hold, mode, waiter_lease / 3, granted, self.lease if self.lease < waiter_lease else waiter_lease) \
-                and WATCHDOG._thread is None:
+        first = (self.lease if self.lease < waiter_lease else waiter_lease) if self.engine.grants_waiter_lease else None
+        if HOLDS.add(hold, mode, waiter_lease / 3, granted, first) and WATCHDOG._thread is None:
             WATCHDOG.ensure_running()
         if not sigterm.checked:
             sigterm.install(exiting.release_all, exiting.EXIT_BUDGET)   # `kill PID` of a script gives its holds back

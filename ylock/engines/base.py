@@ -170,6 +170,11 @@ class Engine(abc.ABC):
     #: True if holds expire unless the watchdog renews them (Redis, local); False if the
     #: server keeps them alive by other means (ZooKeeper sessions).
     needs_renewal: ClassVar[bool] = True
+    #: True if a grant lasts only min(lease, waiter lease) on the server until its first
+    #: renewal (Redis: a grant whose answer never reached its owner frees the lock soon); the
+    #: hold table counts a hold lost from when that first lease may have run out. False: a
+    #: grant lasts the whole lease (or the session).
+    grants_waiter_lease: ClassVar[bool] = False
 
     #: The options a URL's query string may carry (``?session_timeout=4``): name -> a function
     #: that turns the raw text into the option's value (raising ValueError if it cannot).

@@ -91,6 +91,7 @@ class RedisEngine(AsyncVerbs, Engine):
     """Redis engine (see module docstring)."""
 
     scheme = "redis"
+    grants_waiter_lease = True          # see acquire.lua: every grant lasts min(lease, waiter lease) first
     release_resendable = True       # the release scripts check the owner: a second one finds nothing
 
     def __init__(self, url: str, *, prefix: str = "ylock", socket_timeout: float = 2.0,
